@@ -1,0 +1,26 @@
+# The README's two commands. Each sets up everything it needs (scripts/setup.sh is idempotent).
+VENV ?= .venv
+PY := $(VENV)/bin/python
+
+.PHONY: demo test test-fast setup bench clean-runs
+
+demo:
+	@bash scripts/setup.sh
+	@$(PY) -m kvlab.cli demo
+
+test:
+	@bash scripts/setup.sh browser
+	@$(PY) -m pytest -q -n 2 --durations=15 tests
+
+test-fast:
+	@$(PY) -m pytest -q -m "not model and not notebook and not browser" tests
+
+setup:
+	@bash scripts/setup.sh browser
+
+bench:
+	@bash scripts/setup.sh
+	@$(PY) -m kvlab.cli bench --write BENCHMARKS.md
+
+clean-runs:
+	rm -rf runs test-artifacts

@@ -1,0 +1,61 @@
+"""kvlab: look inside prompt-prefix caches on MLX.
+
+    import kvlab as kv
+    m = kv.load()                         # embedded SmolLM2-135M-Instruct
+    toks = kv.tokenise(m, [{"role": "user", "content": "Hi"}])
+"""
+
+from __future__ import annotations
+
+from . import _blas
+
+_blas.load_fast_blas()  # must precede the first `import mlx.core`
+
+import importlib
+
+from .errors import (BlockSizeError, BoundaryError, BudgetError, ImageError, KvlabError,
+                     ModelNotFoundError, NotTrimmableError, RequestError, SnapshotError,
+                     TemplateError, TraceError)
+
+__version__ = "0.1.0"
+
+# name -> module; resolved on first use so `import kvlab` stays cheap and viz stays optional
+_LAZY = {
+    "load": "models", "Model": "models", "fingerprint": "models",
+    "load_vlm": "vlm",
+    "tokenise": "tokens", "Tokens": "tokens", "Span": "tokens",
+    "split_at_boundary": "boundary", "Split": "boundary",
+    "prefill": "snapshots", "snapshot": "snapshots", "restore": "snapshots", "trim": "snapshots",
+    "save": "snapshots", "load_snapshot": "snapshots", "Snapshot": "snapshots",
+    "block_hashes": "blocks",
+    "diverge": "divergence", "Divergence": "divergence", "volatile_fields": "divergence",
+    "normalise": "divergence", "Rule": "divergence", "DEFAULT_RULES": "divergence",
+    "Engine": "engine", "Result": "engine",
+    "RadixStore": "stores", "PagedStore": "stores", "SystemPromptStore": "stores",
+    "MlxLmLRUStore": "stores",
+    "simulate": "simulator", "sweep": "simulator",
+    "Inspector": "viz.widgets",
+}
+_SUBMODULES = {"workloads", "traces", "viz", "bench", "runner", "stores", "magics"}
+
+__all__ = sorted(set(_LAZY) | _SUBMODULES | {"KvlabError", "load_ipython_extension"})
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        module = importlib.import_module(f".{_LAZY[name]}", __name__)
+        value = getattr(module, name)
+        globals()[name] = value
+        return value
+    if name in _SUBMODULES:
+        module = importlib.import_module(f".{name}", __name__)
+        globals()[name] = module
+        return module
+    raise AttributeError(f"module 'kvlab' has no attribute {name!r}")
+
+
+def load_ipython_extension(ipython):
+    """`%load_ext kvlab` registers the %kvlab / %%kvlab magics."""
+    from .magics import load_ipython_extension as _load
+
+    _load(ipython)

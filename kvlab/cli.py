@@ -1,0 +1,99 @@
+"""The `kvlab` command. Every subcommand is a thin shell over a library function."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from . import _blas
+
+_blas.load_fast_blas()
+
+
+def _simulate(args) -> int:
+    from .simulator import run_cli
+
+    return run_cli(args)
+
+
+def _prepare(args) -> int:
+    from .kernel import install_kernelspec
+    from .models import prepare
+
+    prepare()
+    install_kernelspec()
+    return 0
+
+
+def _demo(args) -> int:
+    from .demo import main as demo
+
+    return demo(args.model)
+
+
+def _bench(args) -> int:
+    from .bench import run_cli
+
+    return run_cli(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="kvlab", description="KV-cache and prefix-cache experiments on MLX")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("prepare", help="convert the embedded model, build the tiny ones, install the kernel")
+    s.set_defaults(func=_prepare)
+
+    s = sub.add_parser("demo", help="a short report on the embedded model")
+    s.add_argument("--model", default="smollm2", help="smollm2 (default), tiny, or a folder")
+    s.set_defaults(func=_demo)
+
+    s = sub.add_parser("bench", help="side-by-side benchmarks (median and spread over repeats)")
+    s.add_argument("--model", default="smollm2")
+    s.add_argument("--repeats", type=int, default=5)
+    s.add_argument("--only", default=None, help="comma-separated: ttft,snapshot,memory,hashing,simulator")
+    s.add_argument("--write", default=None, help="append the tables to this markdown file")
+    s.set_defaults(func=_bench)
+
+    s = sub.add_parser("simulate", help="replay a trace or workload through a cache policy (no model)")
+    s.add_argument("trace", nargs="?", help="Mooncake-format JSONL trace")
+    s.add_argument("--block-size", type=int, default=None, help="tokens per block (trace: 512)")
+    s.add_argument("--policy", default="lru", choices=["infinite", "lru", "fifo", "lfu"])
+    s.add_argument("--capacity-tokens", default="inf", help="cache capacity in tokens, or inf")
+    s.add_argument("--sweep", default=None, help="comma-separated capacities in tokens")
+    s.add_argument("--workload", default=None, help="generate a workload instead of reading a trace")
+    s.add_argument("--prefix-len", type=int, default=256)
+    s.add_argument("--suffix-len", type=int, default=256)
+    s.add_argument("--num-prompts", type=int, default=None)
+    s.add_argument("--num-prefixes", type=int, default=1)
+    s.add_argument("--output-len", type=int, default=128)
+    s.add_argument("--passes", type=int, default=1, help="replay the workload this many times")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--json", action="store_true", help="print JSON")
+    s.set_defaults(func=_simulate)
+    return p
+
+
+def main(argv=None) -> int:
+    from .errors import KvlabError
+
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except KvlabError as e:
+        print(f"kvlab: error: {e}", file=sys.stderr)
+        return 2
+
+
+def print_result(obj, as_json: bool) -> None:
+    """JSON for machines with --json, an aligned listing for people otherwise."""
+    if as_json:
+        print(json.dumps(obj, indent=2, default=str))
+        return
+    for k, v in obj.items():
+        print(f"{k:>24}: {v}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,321 @@
+"""Engine: the one mutable object. Runs requests through a prefix-cache store and records every
+state change as an event row.
+
+Example:
+    >>> engine = kv.Engine(kv.load("tiny"), kv.RadixStore(), verify=True)
+    >>> r = engine.run([{"role": "user", "content": "Hi"}], max_tokens=8)
+    >>> r.match, r.reused_tokens, r.verify_diff
+    >>> engine.events, engine.stats()
+"""
+
+from __future__ import annotations
+
+import html
+import itertools
+import time
+from dataclasses import asdict, dataclass, field
+
+import mlx.core as mx
+import polars as pl
+from mlx_lm.generate import generate_step
+
+from . import _blas
+from .errors import KvlabError, NotTrimmableError, RequestError
+from .snapshots import non_trimmable_layers, prefill, restore, snapshot, trim
+from .stores.base import MISS, CacheKey, Match
+from .tokens import Tokens, from_ids, tokenise
+
+KEYINGS = ("prompt", "prompt+output")
+EVENT_SCHEMA = {"request": pl.Int64, "event": pl.Utf8, "tokens": pl.Int64, "bytes": pl.Int64,
+                "entry": pl.Utf8, "t": pl.Float64, "detail": pl.Utf8}
+
+
+@dataclass(frozen=True)
+class Result:
+    """What one request reused, what it cost, and why."""
+
+    request_id: int
+    prompt_tokens: int
+    reused_tokens: int
+    prefilled_tokens: int
+    match: str
+    ttft_s: float
+    lookup_s: float
+    restore_s: float
+    prefill_s: float
+    decode_s: float
+    output_ids: tuple[int, ...]
+    text: str
+    store_bytes: int
+    evictions: int
+    verify_diff: float | None = None
+    why: str = ""
+    drift_index: int | None = None
+    entry_tokens: int = 0
+    checkpoints: int = 0
+    prompt_ids: tuple[int, ...] = field(default=(), repr=False)
+
+    @property
+    def reuse_ratio(self) -> float:
+        return self.reused_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    def row(self) -> dict:
+        d = asdict(self)
+        d.pop("prompt_ids")
+        d["output_ids"] = list(self.output_ids)
+        d["reuse_ratio"] = self.reuse_ratio
+        return d
+
+    def __repr__(self) -> str:
+        v = "" if self.verify_diff is None else f", verify {self.verify_diff:.2e}"
+        return (f"Result(#{self.request_id} {self.match}: reused {self.reused_tokens}/{self.prompt_tokens}, "
+                f"prefilled {self.prefilled_tokens}, ttft {self.ttft_s * 1e3:.0f} ms{v})")
+
+    def _repr_html_(self) -> str:
+        bar = int(300 * self.reuse_ratio)
+        why = f"<br><i>{html.escape(self.why)}</i>" if self.why else ""
+        drift = (f"<br>re-tokenisation drift at token {self.drift_index}"
+                 if self.drift_index is not None else "")
+        v = "" if self.verify_diff is None else f" · verify max|Δlogit| {self.verify_diff:.2e}"
+        return (f"<div><b>Request #{self.request_id}</b> <code>{self.match}</code> · reused "
+                f"{self.reused_tokens}/{self.prompt_tokens} tokens · TTFT {self.ttft_s * 1e3:.1f} ms "
+                f"(prefill {self.prefill_s * 1e3:.1f} ms){v}"
+                f'<div style="width:300px;height:8px;background:#eee"><div style="width:{bar}px;'
+                f'height:8px;background:#2a7"></div></div>{why}{drift}'
+                f"<pre style='white-space:pre-wrap'>{html.escape(self.text[:500])}</pre></div>")
+
+
+def _greedy(logprobs):
+    return mx.argmax(logprobs, axis=-1)
+
+
+class Engine:
+    """Runs requests through ``store`` (None: no caching, the cold baseline)."""
+
+    def __init__(self, model, store=None, *, keying: str = "prompt", verify: bool = False,
+                 image_keys: bool = True, checkpoints: bool | None = None, max_tokens: int = 16):
+        if keying not in KEYINGS:
+            raise KvlabError(f"keying must be one of {KEYINGS}, got {keying!r}")
+        _blas.warn_if_slow()
+        self.model = model
+        self.store = store
+        self.keying = keying
+        self.verify = verify
+        self.image_keys = image_keys
+        self.max_tokens = max_tokens
+        probe = snapshot(restore_probe(model))
+        self.trimmable = not non_trimmable_layers(probe) if probe.layers else True
+        # Non-trimmable caches can only be reused exactly where a snapshot was taken.
+        self.checkpoints = (not self.trimmable) if checkpoints is None else checkpoints
+        self.results: list[Result] = []
+        self._events: list[dict] = []
+        self._ids = itertools.count(1)
+        self._t0 = time.perf_counter()
+        self._last_cached: tuple[int, ...] | None = None
+        self._last_prompt_len = 0
+        self._listeners: list = []
+
+    # -- running ----------------------------------------------------------------------------------
+    def tokens_of(self, request) -> tuple[Tokens, tuple, str | None, int | None]:
+        """(Tokens, extra-key spans, salt, max_tokens) for any accepted request form."""
+        extra, salt, max_tokens = (), None, None
+        if hasattr(request, "messages") and hasattr(request, "ids") and not isinstance(request, Tokens):
+            extra = tuple(getattr(request, "extra_keys", ()) or ())
+            salt = getattr(request, "salt", None)
+            max_tokens = getattr(request, "max_tokens", None)
+            request = request.messages if request.messages is not None else request.ids
+        if isinstance(request, Tokens):
+            toks = request
+        elif isinstance(request, (list, tuple)) and request and all(isinstance(x, int) for x in request):
+            toks = from_ids(request, self.model.tokenizer)
+        elif isinstance(request, (list, tuple, str)):
+            if len(request) == 0:
+                raise RequestError("empty request: pass messages, text or token ids")
+            toks = tokenise(self.model, request)
+        else:
+            raise RequestError(f"cannot run a {type(request).__name__}: pass a list of messages, "
+                               "a string, token ids, Tokens or a kv.workloads.Request")
+        if self.image_keys:
+            extra = extra + tuple((im.token_start, im.token_end, im.hash) for im in toks.images)
+        return toks, extra, salt, max_tokens
+
+    def run(self, request, max_tokens: int | None = None, *, extra_keys=(), salt=None) -> Result:
+        """Run one request: look up, restore, prefill the rest, decode greedily, insert, record."""
+        toks, extra, req_salt, req_max = self.tokens_of(request)
+        max_tokens = max_tokens if max_tokens is not None else (req_max or self.max_tokens)
+        ids = toks.ids
+        limit = getattr(self.model, "context_length", None)
+        if not ids:
+            raise RequestError("empty request: it has no tokens")
+        if limit and len(ids) + max_tokens > limit:
+            raise RequestError(f"request of {len(ids)} tokens + {max_tokens} to generate exceeds the "
+                               f"model's context of {limit} tokens; shorten it or lower max_tokens")
+        key = CacheKey(ids, tuple(extra_keys) + extra, salt if salt is not None else req_salt)
+        rid = next(self._ids)
+        drift = self._drift(ids)
+        start = time.perf_counter()
+
+        match, why = (MISS, "no store") if self.store is None else (self.store.lookup(key, limit=len(ids) - 1), "")
+        lookup_s = time.perf_counter() - start
+        why = match.why or why
+        self._event(rid, "lookup", len(ids), 0, None, match.kind)
+        t = time.perf_counter()
+        cache, reused = None, 0
+        if match.snapshot is not None and match.tokens > 0:
+            snap = match.snapshot
+            try:
+                if snap.offset > match.tokens:
+                    snap = trim(snap, snap.offset - match.tokens)
+                cache, reused = restore(snap), match.tokens
+            except NotTrimmableError as e:
+                match, why = MISS, f"could not trim the matched entry: {e}"
+        restore_s = time.perf_counter() - t
+        self._event(rid, "hit" if reused else "miss", reused, 0, match.entry_id, match.kind)
+
+        t = time.perf_counter()
+        logits, cache, checkpoints = self._prefill(toks, reused, cache, key)
+        first = int(mx.argmax(logits).item())
+        prefill_s = time.perf_counter() - t
+        ttft = time.perf_counter() - start
+        prompt_snap = snapshot(cache, tokens=ids, model=self.model) if self.store is not None else None
+
+        t = time.perf_counter()
+        out = self._decode(first, cache, max_tokens)
+        decode_s = time.perf_counter() - t
+
+        if self.store is not None:
+            if self.keying == "prompt":
+                if not (match.kind == "exact" and reused == len(ids) - 1):
+                    self.store.insert(key, prompt_snap, kind="prompt")
+            else:
+                offset = max((c.offset for c in cache if hasattr(c, "offset")), default=len(ids))
+                seq = (ids + tuple(out))[:offset]
+                full_key = CacheKey(seq, key.extra_keys, key.salt)
+                self.store.insert(full_key, snapshot(cache, tokens=seq, model=self.model),
+                                  kind="prompt+output")
+                self._last_cached, self._last_prompt_len = seq, len(ids)
+        evictions = self._drain(rid)
+        verify_diff = self._verify(ids, logits) if self.verify and reused else (0.0 if self.verify else None)
+        text = self.model.tokenizer.decode(list(out))
+        result = Result(rid, len(ids), reused, len(ids) - reused, match.kind if reused else "miss",
+                        ttft, lookup_s, restore_s, prefill_s, decode_s, tuple(out), text,
+                        self.store.nbytes if self.store is not None else 0, evictions, verify_diff,
+                        why, drift, match.entry_tokens, checkpoints, ids)
+        self.results.append(result)
+        for listener in self._listeners:
+            listener(self, result)
+        return result
+
+    def run_all(self, requests, max_tokens: int | None = None) -> pl.DataFrame:
+        """Run every request of a workload; the frame of their results."""
+        for request in requests:
+            self.run(request, max_tokens)
+        return self.results_frame()
+
+    def _prefill(self, toks: Tokens, reused, cache, key):
+        """Prefill ids[reused:]; with checkpoints, stop at each message boundary to snapshot."""
+        ids, bounds = toks.ids, []
+        if self.checkpoints and self.store is not None:
+            bounds = sorted({s.token_end for s in toks.spans if reused < s.token_end < len(ids)})
+        pos, checkpoints = reused, 0
+        for b in bounds:
+            _, cache = prefill(self.model, ids[pos:b], cache)
+            self.store.insert(key.prefix(b), snapshot(cache, tokens=ids[:b], model=self.model),
+                              kind="checkpoint")
+            pos, checkpoints = b, checkpoints + 1
+        logits, cache = prefill(self.model, ids[pos:], cache)
+        return logits, cache, checkpoints
+
+    def _decode(self, first: int, cache, max_tokens: int) -> list[int]:
+        out = [first]
+        eos = set(getattr(self.model.tokenizer, "eos_token_ids", ()) or ())
+        if max_tokens <= 1 or first in eos:
+            return out[:max_tokens]
+        for token, _ in generate_step(mx.array([first]), getattr(self.model, "model", self.model),
+                                      max_tokens=max_tokens - 1, sampler=_greedy, prompt_cache=cache):
+            out.append(int(token))
+            if token in eos:
+                break
+        return out
+
+    def _verify(self, ids, logits) -> float:
+        cold, _ = prefill(self.model, ids)
+        return float(mx.abs(cold - logits).max().item())
+
+    def _drift(self, ids) -> int | None:
+        """Where this prompt stops matching the previous prompt+output (templates that re-render
+        history, e.g. drop <think>, make 'prompt + output' keys miss)."""
+        prev = self._last_cached
+        if prev is None:
+            return None
+        n = 0
+        limit = min(len(prev), len(ids))
+        while n < limit and prev[n] == ids[n]:
+            n += 1
+        return n if self._last_prompt_len <= n < len(prev) else None
+
+    # -- events -----------------------------------------------------------------------------------
+    def _event(self, rid, event, tokens, nbytes, entry, detail=None):
+        self._events.append({"request": rid, "event": event, "tokens": int(tokens), "bytes": int(nbytes),
+                             "entry": None if entry is None else str(entry),
+                             "t": time.perf_counter() - self._t0, "detail": detail})
+
+    def _drain(self, rid) -> int:
+        evictions = 0
+        for row in (self.store.drain_events() if self.store is not None else ()):
+            detail = row.get("reason") or row.get("kind")
+            self._event(rid, row["event"], row["tokens"], row["bytes"], row.get("entry"), detail)
+            if row["event"] == "evict" and row.get("reason") == "lru":
+                evictions += 1
+            if row["event"] == "block_removed":
+                evictions += 1
+        return evictions
+
+    @property
+    def events(self) -> pl.DataFrame:
+        """One row per state change: lookup, hit, miss, insert, evict, block_stored, block_removed."""
+        return pl.DataFrame(self._events, schema=EVENT_SCHEMA)
+
+    def results_frame(self) -> pl.DataFrame:
+        rows = [r.row() for r in self.results]
+        return pl.DataFrame(rows) if rows else pl.DataFrame()
+
+    def stats(self) -> dict:
+        """Both hit-rate definitions, named: vLLM's per token and vllm-mlx's per request."""
+        prompt = sum(r.prompt_tokens for r in self.results)
+        reused = sum(r.reused_tokens for r in self.results)
+        n = len(self.results)
+        return {
+            "requests": n,
+            "prompt_tokens": prompt,
+            "reused_tokens": reused,
+            "token_hit_rate": reused / prompt if prompt else 0.0,
+            "request_hit_rate": sum(r.reused_tokens > 0 for r in self.results) / n if n else 0.0,
+            "bytes": self.store.nbytes if self.store is not None else 0,
+            "entries": self.store.entries if self.store is not None else 0,
+            "evictions": sum(r.evictions for r in self.results),
+        }
+
+    def on_result(self, callback) -> None:
+        """Call ``callback(engine, result)`` after every request (the Inspector uses this)."""
+        self._listeners.append(callback)
+
+    def __repr__(self) -> str:
+        s = self.stats()
+        store = getattr(self.store, "name", "none")
+        return (f"Engine({getattr(self.model, 'name', 'model')}, store={store}, keying={self.keying}: "
+                f"{s['requests']} requests, token hit {s['token_hit_rate']:.1%}, "
+                f"request hit {s['request_hit_rate']:.1%})")
+
+    def _repr_html_(self) -> str:
+        s = self.stats()
+        cells = "".join(f"<tr><td>{k}</td><td>{v:.3f}</td></tr>" if isinstance(v, float)
+                        else f"<tr><td>{k}</td><td>{v}</td></tr>" for k, v in s.items())
+        return (f"<div><b>Engine</b> {html.escape(repr(self))}<table>{cells}</table></div>")
+
+
+def restore_probe(model):
+    """A fresh, empty cache of the model (to learn whether its layers can be trimmed)."""
+    from .snapshots import make_cache
+
+    return make_cache(model)

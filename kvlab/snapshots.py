@@ -1,0 +1,368 @@
+"""Snapshots of mlx-lm prompt caches: prefill, snapshot, restore, trim, save, load_snapshot.
+
+mlx-lm's KVCache writes into a preallocated buffer by slice assignment, and MLX's ``a[...] = b``
+rewrites the Python array object ``a`` itself. A snapshot that kept the cache's own array objects
+would therefore change under trim-then-append. Snapshots hold *new* array objects that are views
+(``keys[..., :offset, :]``): creating them copies nothing, and a later write to the live buffer
+copies on write instead of touching the view.
+
+Example:
+    >>> logits, cache = kv.prefill(m, ids_a)
+    >>> snap = kv.snapshot(cache, model=m)
+    >>> logits_b, cache = kv.prefill(m, ids_b, kv.restore(snap))
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+import tempfile
+from dataclasses import dataclass, replace
+from typing import Any, Sequence
+
+import mlx.core as mx
+import xxhash
+from mlx.utils import tree_flatten, tree_map, tree_unflatten
+from mlx_lm.models import cache as mlx_cache
+
+from .errors import NotTrimmableError, SnapshotError
+
+FORMAT_VERSION = 1
+PREFILL_STEP = 2048
+
+
+@dataclass(frozen=True)
+class LayerState:
+    """One layer's cache: mlx-lm class name, its ``state`` tree (array views), valid tokens, bytes."""
+
+    kind: str
+    state: Any
+    tokens: int
+    nbytes: int
+
+    def __repr__(self) -> str:
+        return f"LayerState({self.kind}, {self.tokens} tokens, {self.nbytes} B)"
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """An immutable copy-free picture of a prompt cache after ``offset`` tokens.
+
+    ``nbytes`` counts valid tokens only (never the preallocated buffer).
+    """
+
+    layers: tuple[LayerState, ...]
+    offset: int
+    token_ids: tuple[int, ...] | None = None
+    fingerprint: str | None = None
+
+    @property
+    def nbytes(self) -> int:
+        return sum(layer.nbytes for layer in self.layers)
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        return tuple(layer.kind for layer in self.layers)
+
+    @property
+    def trimmable(self) -> bool:
+        return not non_trimmable_layers(self)
+
+    def __repr__(self) -> str:
+        kinds = sorted(set(self.kinds))
+        return (f"Snapshot({self.offset} tokens, {len(self.layers)} layers {'/'.join(kinds)}, "
+                f"{_fmt_bytes(self.nbytes)})")
+
+    def _repr_html_(self) -> str:
+        rows = "".join(
+            f"<tr><td>{i}</td><td>{html.escape(layer.kind)}</td><td>{layer.tokens}</td>"
+            f"<td>{_fmt_bytes(layer.nbytes)}</td></tr>" for i, layer in enumerate(self.layers[:64]))
+        fp = (self.fingerprint or "—")[:12]
+        return (f"<div><b>Snapshot</b> {self.offset} tokens · {_fmt_bytes(self.nbytes)} · "
+                f"model {fp} · {'trimmable' if self.trimmable else 'not trimmable'}"
+                f"<table><tr><th>layer</th><th>cache</th><th>tokens</th><th>bytes</th></tr>{rows}"
+                f"</table></div>")
+
+
+def _fmt_bytes(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def _view(x):
+    # A fresh array object over the same buffer (see module docstring for why it must be fresh).
+    return x[...] if isinstance(x, mx.array) else x
+
+
+def _views(tree):
+    if isinstance(tree, list):
+        return tuple(_views(t) for t in tree)
+    return tree_map(_view, tree)
+
+
+def _to_live(tree):
+    # Fresh views again on restore, and lists where mlx-lm expects lists (ArraysCache.cache).
+    if isinstance(tree, tuple):
+        return tuple(_to_live(t) for t in tree)
+    return _view(tree)
+
+
+def _layer_tokens(c) -> int:
+    if isinstance(c, mlx_cache.RotatingKVCache):
+        return min(c.offset, c.max_size)
+    return int(getattr(c, "offset", 0) or 0)
+
+
+def _layer_state(c) -> LayerState:
+    kind = type(c).__name__
+    if isinstance(c, mlx_cache.KVCache) and type(c) is mlx_cache.KVCache:
+        if c.keys is None:
+            return LayerState(kind, (None, None, 0), 0, 0)
+        k, v = c.keys[..., : c.offset, :], c.values[..., : c.offset, :]
+        return LayerState(kind, (k, v, c.offset), c.offset, k.nbytes + v.nbytes)
+    if isinstance(c, mlx_cache.ArraysCache):
+        arrays, left_padding, lengths = c.state
+        state = (tuple(_view(a) for a in arrays), _view(left_padding), _view(lengths))
+        nbytes = sum(a.nbytes for a in arrays if a is not None)
+        return LayerState(kind, state, 0, nbytes)
+    state = _views(c.state)
+    tokens = _layer_tokens(c)
+    buffer_bytes = sum(a.nbytes for _, a in tree_flatten(state) if isinstance(a, mx.array))
+    if isinstance(c, mlx_cache.RotatingKVCache) and c.keys is not None:
+        # bytes of the valid window only, not of the preallocated ring
+        per_token = (c.keys.nbytes + c.values.nbytes) / max(c.keys.shape[2], 1)
+        buffer_bytes = int(per_token * tokens)
+    return LayerState(kind, state, tokens, buffer_bytes)
+
+
+def snapshot(cache: Sequence[Any], *, tokens=None, model=None) -> Snapshot:
+    """An immutable snapshot of an mlx-lm prompt cache; costs O(layers), not O(tokens).
+
+    Example:
+        >>> snap = kv.snapshot(cache, tokens=ids, model=m)
+        >>> snap.offset, snap.nbytes
+    """
+    if not isinstance(cache, (list, tuple)) or not cache:
+        raise SnapshotError("snapshot() takes an mlx-lm prompt cache: the list that "
+                            "mlx_lm.models.cache.make_prompt_cache(model) returns")
+    layers = tuple(_layer_state(c) for c in cache)
+    mx.eval([a for layer in layers for _, a in tree_flatten(layer.state) if isinstance(a, mx.array)])
+    offset = max((layer.tokens for layer in layers), default=0)
+    ids = _ids(tokens)
+    if ids is not None and len(ids) != offset and any(layer.tokens for layer in layers):
+        raise SnapshotError(f"tokens has {len(ids)} ids but the cache holds {offset} tokens")
+    return Snapshot(layers, offset, ids, getattr(model, "fingerprint", None))
+
+
+def _ids(tokens):
+    if tokens is None:
+        return None
+    return tuple(int(i) for i in getattr(tokens, "ids", tokens))
+
+
+def restore(snap: Snapshot) -> list:
+    """Fresh mlx-lm cache objects holding the snapshot; use with ``kv.prefill`` or
+    ``mlx_lm.stream_generate(prompt_cache=...)``. The snapshot is never written to."""
+    out = []
+    for layer in snap.layers:
+        cls = getattr(mlx_cache, layer.kind, None)
+        if cls is None:
+            raise SnapshotError(f"unknown mlx-lm cache class {layer.kind!r}; this mlx-lm is too old")
+        state = _to_live(layer.state)
+        if layer.kind == "ArraysCache":
+            state = (list(state[0]), state[1], state[2])
+        if layer.kind == "KVCache" and state[0] is None:
+            out.append(mlx_cache.KVCache())
+            continue
+        out.append(cls.from_state(state))
+    return out
+
+
+def non_trimmable_layers(snap: Snapshot) -> list[tuple[int, str, str]]:
+    """(layer index, cache class, why) for every layer that cannot drop tokens."""
+    bad = []
+    for i, layer in enumerate(snap.layers):
+        if layer.kind == "ArraysCache":
+            bad.append((i, layer.kind, "it holds a recurrent (SSM/conv) state that cannot drop tokens"))
+        elif layer.kind == "RotatingKVCache":
+            offset, max_size = layer.state[2], layer.state[4]
+            if offset >= max_size:
+                bad.append((i, layer.kind, f"it has wrapped (offset {offset} >= max_size {max_size})"))
+        elif layer.kind not in ("KVCache", "QuantizedKVCache", "ConcatenateKVCache", "ChunkedKVCache"):
+            bad.append((i, layer.kind, "mlx-lm does not support trimming it"))
+    return bad
+
+
+def trim(snap: Snapshot, n: int) -> Snapshot:
+    """A new snapshot without the last ``n`` tokens.
+
+    Example:
+        >>> kv.trim(snap, 5).offset == snap.offset - 5
+        True
+    """
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0 or n > snap.offset:
+        raise SnapshotError(f"cannot trim {n!r} tokens from a snapshot of {snap.offset}: "
+                            f"n must be an int in 0..{snap.offset}")
+    if n == 0:
+        return snap
+    bad = non_trimmable_layers(snap)
+    if bad:
+        i, kind, why = bad[0]
+        raise NotTrimmableError(f"layer {i} ({kind}) cannot be trimmed: {why}"
+                                + (f"; {len(bad) - 1} more such layers" if len(bad) > 1 else "")
+                                + ". Keep snapshots at the boundaries you need instead of trimming.")
+    live = restore(snap)
+    for c in live:
+        c.trim(n)
+    ids = snap.token_ids[: snap.offset - n] if snap.token_ids is not None else None
+    return replace(snapshot(live), token_ids=ids, fingerprint=snap.fingerprint)
+
+
+def _module(model):
+    return getattr(model, "model", model)
+
+
+def make_cache(model) -> list:
+    """A fresh mlx-lm prompt cache for ``model`` (a kvlab Model or an mlx-lm model)."""
+    return mlx_cache.make_prompt_cache(_module(model))
+
+
+def prefill(model, ids, cache=None, *, step: int = PREFILL_STEP, all_logits: bool = False):
+    """Run ``ids`` through the model on top of ``cache`` in steps of ``step`` tokens (as mlx-lm's
+    prefill does). Returns (last-position logits as float32 [vocab], cache); with
+    ``all_logits=True`` the logits of every position of ``ids`` ([len(ids), vocab]).
+
+    Example:
+        >>> logits, cache = kv.prefill(m, kv.tokenise(m, msgs).ids)
+    """
+    ids = list(getattr(ids, "ids", ids))
+    if not ids:
+        raise SnapshotError("prefill needs at least one token id")
+    net = _module(model)
+    cache = make_cache(model) if cache is None else cache
+    pieces = []
+    for start in range(0, len(ids), step):
+        chunk = mx.array(ids[start : start + step])[None]
+        out = net(chunk, cache=cache)
+        last = start + step >= len(ids)
+        if all_logits:
+            pieces.append(out[0].astype(mx.float32))
+        elif last:
+            pieces.append(out[0, -1].astype(mx.float32))
+        mx.eval(pieces[-1] if pieces else out, [c.state for c in cache])
+    logits = mx.concatenate(pieces, axis=0) if all_logits else pieces[-1]
+    return logits, cache
+
+
+# ---- files -------------------------------------------------------------------------------------
+
+def _digest(arrays: dict) -> str:
+    h = xxhash.xxh3_128()
+    for name in sorted(arrays):
+        a = arrays[name]
+        h.update(name.encode())
+        h.update(str((a.dtype, a.shape)).encode())
+        if a.size:
+            h.update(memoryview(mx.contiguous(a.view(mx.uint8))))
+    return h.hexdigest()
+
+
+def save(snap: Snapshot, path, tokens=None, *, model=None) -> str:
+    """Write the snapshot to a safetensors file (never pickle); atomic: a failed save leaves no file.
+
+    Metadata: format version, model fingerprint, token ids, layer classes, a data digest.
+
+    Example:
+        >>> kv.save(snap, "system.safetensors", tokens=toks, model=m)
+    """
+    fingerprint = getattr(model, "fingerprint", None) or snap.fingerprint
+    if fingerprint is None:
+        raise SnapshotError("save() needs to know the model: pass model=... (or snapshot with "
+                            "model=...) so the file can refuse to load into another model")
+    ids = _ids(tokens) if tokens is not None else snap.token_ids
+    arrays, layers_meta = {}, []
+    for i, layer in enumerate(snap.layers):
+        flat = tree_flatten(layer.state)
+        scalars = {}
+        for key, value in flat:
+            if isinstance(value, mx.array):
+                arrays[f"{i}.{key}"] = value
+            else:
+                scalars[key] = value
+        layers_meta.append({"kind": layer.kind, "tokens": layer.tokens, "nbytes": layer.nbytes,
+                            "keys": [k for k, _ in flat], "scalars": scalars,
+                            "structure": _structure(layer.state)})
+    metadata = {
+        "kvlab_format": str(FORMAT_VERSION),
+        "fingerprint": fingerprint,
+        "offset": str(snap.offset),
+        "token_ids": json.dumps(list(ids) if ids is not None else None),
+        "layers": json.dumps(layers_meta),
+        "digest": _digest(arrays),
+    }
+    path = os.fspath(path)
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".kvlab-", suffix=".safetensors", dir=folder)
+    os.close(fd)
+    try:
+        mx.save_safetensors(tmp, arrays, metadata)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+    return path
+
+
+def _structure(tree):
+    """A JSON skeleton of a state tree (tuples/lists/None/leaves) to rebuild it on load."""
+    if isinstance(tree, (tuple, list)):
+        return [_structure(t) for t in tree]
+    return None if tree is None else "leaf"
+
+
+def _rebuild(skeleton, flat: dict, prefix: str):
+    if isinstance(skeleton, list):
+        return tuple(_rebuild(s, flat, f"{prefix}.{j}" if prefix else str(j)) for j, s in enumerate(skeleton))
+    return None if skeleton is None else flat[prefix]
+
+
+def load_snapshot(path, model) -> Snapshot:
+    """Read a snapshot written by ``kv.save``; refuse another model's file, a corrupt or truncated
+    file and a newer format, each with a clear error.
+
+    Example:
+        >>> snap = kv.load_snapshot("system.safetensors", m)
+    """
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise SnapshotError(f"no snapshot file at {path}")
+    try:
+        arrays, meta = mx.load(path, return_metadata=True)
+    except Exception as e:  # MLX raises RuntimeError/ValueError for unreadable files
+        raise SnapshotError(f"{path} is not a readable safetensors file (corrupt or truncated?): {e}") from e
+    if "kvlab_format" not in meta:
+        raise SnapshotError(f"{path} is a safetensors file but not a kvlab snapshot (no kvlab_format)")
+    version = int(meta["kvlab_format"])
+    if version > FORMAT_VERSION:
+        raise SnapshotError(f"{path} has snapshot format {version}, newer than this kvlab's "
+                            f"{FORMAT_VERSION}: upgrade kvlab to read it")
+    expected = getattr(model, "fingerprint", None)
+    if meta["fingerprint"] != expected:
+        raise SnapshotError(f"{path} was made by model {meta['fingerprint'][:12]}, not by the model "
+                            f"you passed ({str(expected)[:12]}): KV from another model is meaningless")
+    if _digest(arrays) != meta.get("digest"):
+        raise SnapshotError(f"{path} is corrupt: its data does not match the digest written with it")
+    layers = []
+    for i, lm in enumerate(json.loads(meta["layers"])):
+        flat = {k: arrays[f"{i}.{k}"] for k in lm["keys"] if f"{i}.{k}" in arrays}
+        flat.update(lm["scalars"])
+        state = _rebuild(lm["structure"], flat, "")
+        layers.append(LayerState(lm["kind"], state, lm["tokens"], lm["nbytes"]))
+    ids = json.loads(meta["token_ids"])
+    return Snapshot(tuple(layers), int(meta["offset"]), tuple(ids) if ids is not None else None,
+                    meta["fingerprint"])

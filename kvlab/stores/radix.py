@@ -1,0 +1,283 @@
+"""RadixStore: a token-level radix tree of snapshots with LRU eviction under a byte budget (SGLang-like).
+
+Match kinds: ``exact`` (an entry for exactly these tokens), ``prefix`` (an entry for a prefix of
+them), ``lcp`` (a longer entry that shares a prefix, trimmed to it) and ``supersequence`` (an entry
+that extends the request, trimmed). The last two need a trimmable cache; for hybrid/SSM models the
+Engine inserts checkpoints at message boundaries so ``prefix`` hits still work.
+
+Extra keys (image hashes) and the salt become part of each token's symbol from the position where
+they start, so requests with identical ids but different images part ways at the first placeholder.
+
+Example:
+    >>> store = kv.RadixStore(budget_bytes=256 << 20)
+    >>> engine = kv.Engine(m, store)
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+import polars as pl
+import xxhash
+
+from ..snapshots import Snapshot
+from .base import (MISS, CacheKey, EventLog, Match, check_budget, default_budget,
+                   longest_common_prefix, too_big)
+
+
+def symbols(key: CacheKey) -> tuple:
+    """Token ids, tagged from each extra key's start on with a digest of the keys seen so far."""
+    tag = None
+    marks = sorted(key.extra_keys)
+    if key.salt is not None:
+        tag = xxhash.xxh3_64_hexdigest(f"salt:{key.salt}")
+    if not marks and tag is None:
+        return key.ids
+    out, j, seen = [], 0, [] if tag is None else [tag]
+    for i, t in enumerate(key.ids):
+        while j < len(marks) and marks[j][0] <= i:
+            seen.append(str(marks[j][2]))
+            tag = xxhash.xxh3_64_hexdigest("|".join(seen))
+            j += 1
+        out.append(t if tag is None else (t, tag))
+    return tuple(out)
+
+
+@dataclass(eq=False)
+class Entry:
+    id: int
+    snapshot: Snapshot
+    tokens: int
+    kind: str
+    created: int
+    last_used: int
+    hits: int = 0
+
+    @property
+    def nbytes(self) -> int:
+        return self.snapshot.nbytes
+
+
+@dataclass(eq=False)
+class Node:
+    edge: tuple
+    parent: "Node | None"
+    depth: int
+    children: dict = field(default_factory=dict)
+    entry: Entry | None = None
+    id: int = 0
+    hits: int = 0
+    last_used: int = 0
+
+    def walk(self):
+        yield self
+        for child in self.children.values():
+            yield from child.walk()
+
+
+class RadixStore:
+    """Token-level radix tree (see module docstring). ``budget_bytes`` defaults to 25% of RAM."""
+
+    name = "radix"
+
+    def __init__(self, budget_bytes: int | None = None, *, subsume: bool = True):
+        self.budget_bytes = check_budget(budget_bytes if budget_bytes is not None else default_budget())
+        self.subsume = subsume
+        self._ids = itertools.count(1)
+        self._clock = itertools.count(1)
+        self.root = Node((), None, 0, id=0)
+        self._entries: dict[int, tuple[Entry, Node]] = {}
+        self._bytes = 0
+        self.evictions = 0
+        self.log = EventLog()
+
+    # -- protocol ---------------------------------------------------------------------------------
+    @property
+    def nbytes(self) -> int:
+        return self._bytes
+
+    @property
+    def entries(self) -> int:
+        return len(self._entries)
+
+    def drain_events(self) -> list[dict]:
+        return self.log.drain()
+
+    def lookup(self, key: CacheKey, *, limit: int) -> Match:
+        sym = symbols(key)
+        node, depth, partial = self.root, 0, None
+        best: Match = MISS
+        path = [self.root]
+        while True:
+            if node.entry is not None and 0 < depth <= limit:
+                best = Match("prefix", depth, node.entry.snapshot, depth, node.entry.id)
+            if depth == len(sym):
+                break
+            child = node.children.get(sym[depth])
+            if child is None:
+                break
+            m = longest_common_prefix(child.edge, sym[depth:])
+            if m < len(child.edge):
+                depth += m
+                partial = child
+                break
+            node, depth = child, depth + len(child.edge)
+            path.append(node)
+        shared = depth
+        below = self._entries_below(partial if partial is not None else node, include_self=partial is not None)
+        if partial is None and node.entry is not None and depth == len(sym) and depth > limit:
+            below.insert(0, node.entry)  # exact entry: usable only trimmed by one token
+        if below and shared > best.tokens:
+            trimmable = [e for e in below if e.snapshot.trimmable]
+            if trimmable:
+                e = max(trimmable, key=lambda e: e.last_used)
+                reuse = min(shared, limit)
+                if reuse > best.tokens:
+                    kind = ("exact" if e.tokens == len(sym) == shared else
+                            "supersequence" if shared == len(sym) else "lcp")
+                    best = Match(kind, reuse, e.snapshot, e.tokens, e.id)
+            else:
+                why = (f"an entry shares {shared} tokens but its cache cannot be trimmed "
+                       f"({self._why_not_trimmable(below[0])})")
+                best = Match(best.kind, best.tokens, best.snapshot, best.entry_tokens, best.entry_id,
+                             why + (f"; reused the checkpoint at {best.tokens}" if best.tokens
+                                    else "; no checkpoint before it"))
+        if best.entry_id is not None:
+            self._touch(best.entry_id, path)
+        return best
+
+    def insert(self, key: CacheKey, snap: Snapshot, *, kind: str = "prompt") -> None:
+        if snap.nbytes > self.budget_bytes:
+            raise too_big(self.name, snap.nbytes, self.budget_bytes)
+        sym = symbols(key)[: snap.offset]
+        node = self._node_for(sym)
+        if node.entry is not None:
+            self._drop(node.entry, node, "replaced")
+        entry = Entry(next(self._ids), snap, len(sym), kind, next(self._clock), 0)
+        entry.last_used = entry.created
+        node.entry = entry
+        self._entries[entry.id] = (entry, node)
+        self._bytes += entry.nbytes
+        self.log.add("insert", tokens=entry.tokens, nbytes=entry.nbytes, entry=entry.id, kind=kind)
+        if self.subsume and snap.trimmable:
+            # A trimmable entry serves every prefix of itself, so ancestors only cost memory.
+            anc = node.parent
+            while anc is not None:
+                if anc.entry is not None and anc.entry.snapshot.trimmable:
+                    self._drop(anc.entry, anc, "subsumed")
+                anc = anc.parent
+        self._evict(protect=entry.id)
+
+    # -- internals --------------------------------------------------------------------------------
+    def _why_not_trimmable(self, entry: Entry) -> str:
+        from ..snapshots import non_trimmable_layers
+
+        i, kind, why = non_trimmable_layers(entry.snapshot)[0]
+        return f"layer {i} is {kind}: {why}"
+
+    def _entries_below(self, node: Node, include_self: bool) -> list[Entry]:
+        out = []
+        for n in node.walk():
+            if n.entry is not None and (include_self or n is not node):
+                out.append(n.entry)
+        return out
+
+    def _touch(self, entry_id: int, path) -> None:
+        entry, node = self._entries[entry_id]
+        tick = next(self._clock)
+        entry.last_used, entry.hits = tick, entry.hits + 1
+        for n in path:
+            n.hits += 1
+            n.last_used = tick
+
+    def _node_for(self, sym: tuple) -> Node:
+        node, depth = self.root, 0
+        while depth < len(sym):
+            child = node.children.get(sym[depth])
+            if child is None:
+                new = Node(sym[depth:], node, len(sym), id=next(self._ids))
+                node.children[sym[depth]] = new
+                return new
+            m = longest_common_prefix(child.edge, sym[depth:])
+            if m < len(child.edge):
+                mid = Node(child.edge[:m], node, depth + m, id=next(self._ids))
+                node.children[sym[depth]] = mid
+                child.edge = child.edge[m:]
+                child.parent = mid
+                mid.children[child.edge[0]] = child
+                child = mid
+            node, depth = child, depth + len(child.edge)
+        return node
+
+    def _drop(self, entry: Entry, node: Node, reason: str) -> None:
+        node.entry = None
+        del self._entries[entry.id]
+        self._bytes -= entry.nbytes
+        self.log.add("evict", tokens=entry.tokens, nbytes=entry.nbytes, entry=entry.id, reason=reason)
+        if reason == "lru":
+            self.evictions += 1
+        self._prune(node)
+
+    def _prune(self, node: Node) -> None:
+        while node is not self.root and node.entry is None and not node.children:
+            parent = node.parent
+            del parent.children[node.edge[0]]
+            node = parent
+        if node is not self.root and node.entry is None and len(node.children) == 1:
+            (child,) = node.children.values()
+            child.edge = node.edge + child.edge
+            child.parent = node.parent
+            node.parent.children[node.edge[0]] = child
+
+    def _evict(self, protect: int) -> None:
+        while self._bytes > self.budget_bytes:
+            victims = [e for e, _ in self._entries.values() if e.id != protect]
+            if not victims:
+                break
+            victim = min(victims, key=lambda e: e.last_used)
+            self._drop(victim, self._entries[victim.id][1], "lru")
+
+    # -- looking ----------------------------------------------------------------------------------
+    def contains(self, key: CacheKey) -> bool:
+        """True when an entry for exactly these tokens is resident."""
+        sym = symbols(key)
+        node, depth = self.root, 0
+        while depth < len(sym):
+            child = node.children.get(sym[depth])
+            if child is None or sym[depth: depth + len(child.edge)] != child.edge:
+                return False
+            node, depth = child, depth + len(child.edge)
+        return node.entry is not None
+
+    def tree_frame(self) -> pl.DataFrame:
+        """One row per radix node: id, parent, depth, edge token ids, entry, hits, recency, bytes."""
+        rows = []
+        for n in self.root.walk():
+            ids = [s if isinstance(s, int) else s[0] for s in n.edge]
+            rows.append({"id": n.id, "parent": None if n.parent is None else n.parent.id,
+                         "start": n.depth - len(n.edge), "depth": n.depth, "tokens": len(n.edge),
+                         "edge_ids": ids, "entry": n.entry.id if n.entry else None,
+                         "entry_kind": n.entry.kind if n.entry else None,
+                         "hits": n.hits, "last_used": n.last_used,
+                         "bytes": n.entry.nbytes if n.entry else 0})
+        return pl.DataFrame(rows, schema_overrides={"parent": pl.Int64, "entry": pl.Int64})
+
+    def entries_frame(self) -> pl.DataFrame:
+        return pl.DataFrame([{"entry": e.id, "tokens": e.tokens, "bytes": e.nbytes, "kind": e.kind,
+                              "hits": e.hits, "last_used": e.last_used, "trimmable": e.snapshot.trimmable}
+                             for e, _ in self._entries.values()],
+                            schema={"entry": pl.Int64, "tokens": pl.Int64, "bytes": pl.Int64,
+                                    "kind": pl.Utf8, "hits": pl.Int64, "last_used": pl.Int64,
+                                    "trimmable": pl.Boolean})
+
+    def __repr__(self) -> str:
+        return (f"RadixStore({self.entries} entries, {self._bytes / 2**20:.1f} of "
+                f"{self.budget_bytes / 2**20:.0f} MiB, {self.evictions} evictions)")
+
+    def _repr_html_(self) -> str:
+        return (f"<div><b>RadixStore</b> {self.entries} entries · {self._bytes / 2**20:.2f} MiB of "
+                f"{self.budget_bytes / 2**20:.0f} MiB · {self.evictions} evictions</div>"
+                + self.entries_frame()._repr_html_())
+
+
