@@ -38,6 +38,35 @@ def _bench(args) -> int:
     return run_cli(args)
 
 
+def _run(args) -> int:
+    from .runner import parse_parameters, run_notebook
+
+    r = run_notebook(args.notebook, parse_parameters(args.param), args.out, kernel_name=args.kernel,
+                     timeout=args.timeout, progress=sys.stderr.isatty())
+    print(r.summary())
+    return 0
+
+
+def _sweep(args) -> int:
+    from .runner import SweepError, parse_parameters, sweep
+
+    try:
+        frame = sweep(args.notebook, args.grid, parameters=parse_parameters(args.param),
+                      workers=args.workers, out_dir=args.out, scheduler=args.scheduler,
+                      kernel_name=args.kernel, timeout=args.timeout, verbose=True)
+    except SweepError as e:
+        if e.frame is not None and e.frame.height:
+            print(e.frame)
+        raise
+    import polars as pl
+
+    with pl.Config(tbl_rows=50, tbl_cols=20, fmt_str_lengths=40):
+        print(frame)
+    print(f"kvlab: {frame.select('run').n_unique() if frame.height else 0} runs -> "
+          f"{frame.height} rows")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kvlab", description="KV-cache and prefix-cache experiments on MLX")
     sub = p.add_subparsers(dest="command", required=True)
@@ -72,6 +101,27 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--json", action="store_true", help="print JSON")
     s.set_defaults(func=_simulate)
+
+    s = sub.add_parser("run", help="execute a notebook with papermill into a run folder")
+    s.add_argument("notebook", help="the .ipynb to run (its cell tagged 'parameters' is overridden)")
+    s.add_argument("-p", "--param", nargs=2, action="append", metavar=("NAME", "VALUE"),
+                   help="set a parameter; VALUE is read as YAML (3, 0.5, true, tiny)")
+    s.add_argument("--out", default=None, help="run folder (default runs/<stem>-<timestamp>/)")
+    s.add_argument("--kernel", default=None, help="Jupyter kernel (default: kvlab, installed if needed)")
+    s.add_argument("--timeout", type=float, default=None, help="seconds allowed per cell")
+    s.set_defaults(func=_run)
+
+    s = sub.add_parser("sweep", help="run a notebook over a parameter grid and collect the results")
+    s.add_argument("notebook", help="the .ipynb to run")
+    s.add_argument("--grid", required=True, help="YAML mapping: parameter -> list of values")
+    s.add_argument("-p", "--param", nargs=2, action="append", metavar=("NAME", "VALUE"),
+                   help="a fixed parameter for every run (VALUE read as YAML)")
+    s.add_argument("--workers", type=int, default=2, help="parallel runs (processes, default 2)")
+    s.add_argument("--scheduler", default=None, help="run on this Dask scheduler address instead")
+    s.add_argument("--out", default=None, help="sweep folder (default runs/<stem>-sweep-<timestamp>/)")
+    s.add_argument("--kernel", default=None, help="Jupyter kernel (default: kvlab)")
+    s.add_argument("--timeout", type=float, default=None, help="seconds allowed per cell")
+    s.set_defaults(func=_sweep)
     return p
 
 

@@ -100,7 +100,7 @@ class Divergence:
             rows.append(
                 f"<tr><td><b>{name}</b></td><td style=\"font-family:monospace;white-space:pre\">"
                 f'{shared}<span style="background:#ffb3b3;font-weight:bold">{_cell(tok) or "∅"}</span>'
-                f"{rest}</td><td style=\"{grey}\">char {char}</td></tr>")
+                f"{rest}</td><td style=\"{grey}\">{'' if char is None else f'char {char}'}</td></tr>")
         return (f"<div><b>Divergence</b> at token {self.token_index}{html.escape(self._where())} · "
                 f"{self.common} tokens shared of {self.len_a} / {self.len_b} · "
                 f"{self.reusable_blocks()} blocks of 16 reusable"
@@ -108,14 +108,14 @@ class Divergence:
 
 
 def _side(before: tuple[str, ...], token: str, after: tuple[str, ...], index: int) -> str:
-    """A few characters either side of the differing token, which itself is never cut."""
+    """A few characters either side of the differing token (kept whole up to 16 characters)."""
     left = "".join(before)
     dots = "..." if len(left) > 10 or index > len(before) else ""
     return repr(dots + left[-10:] + token[:16] + "".join(after)[:10])
 
 
 def _clip(s: str, n: int = 24) -> str:
-    return repr(s if len(s) <= n else "..." + s[-n:])
+    return repr(s if len(s) <= n else s[:n] + "...")
 
 
 def _cell(piece: str) -> str:
@@ -372,7 +372,8 @@ def _token_range(tokens: Tokens | None, c0: int, c1: int) -> tuple[int | None, i
 
 def volatile_fields(prompts: Sequence, *, model=None) -> VolatileFields:
     """Spans that change from request to request (ids, hashes, timestamps), found by diffing each
-    request's text against the first, message by message.
+    request's text against the first, message by message (messages the first request lacks are
+    not compared).
 
     ``prompts``: two or more ``Tokens``, strings or message lists (rendered with ``model=`` if given,
     so the result has token indices).

@@ -140,8 +140,9 @@ def tokenizer_files(meta: dict) -> dict[str, dict]:
     types = meta["tokenizer.ggml.token_type"].tolist()
     name = {k: tokens[meta[f"tokenizer.ggml.{k}_token_id"].item()]
             for k in ("bos", "eos", "unknown", "padding")}
+    # GGUF token types: 3 = control (special), 4 = user-defined (added, not special)
     added = [{"id": i, "content": tokens[i], "single_word": False, "lstrip": False, "rstrip": False,
-              "normalized": False, "special": True} for i, t in enumerate(types) if t == 3]  # 3 = control
+              "normalized": False, "special": t == 3} for i, t in enumerate(types) if t in (3, 4)]
     tokenizer = {
         "version": "1.0",
         "truncation": None,

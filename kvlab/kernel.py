@@ -40,7 +40,8 @@ def kernel_spec() -> dict:
 
 def install_kernelspec(prefix: str | None = None, *, user: bool = False,
                        name: str = KERNEL_NAME) -> str:
-    """Register the kernel (``prefix=sys.prefix`` puts it inside the venv). Returns its folder.
+    """Register the kernel inside this environment (``prefix`` defaults to ``sys.prefix``, i.e. the
+    venv; ``user=True`` installs it for the user instead). Returns its folder.
 
     Idempotent: reinstalling overwrites the previous spec of the same name.
 
@@ -53,8 +54,8 @@ def install_kernelspec(prefix: str | None = None, *, user: bool = False,
         folder = Path(tmp) / name
         folder.mkdir()
         (folder / "kernel.json").write_text(json.dumps(kernel_spec(), indent=2))
-        return KernelSpecManager().install_kernel_spec(str(folder), name, user=user,
-                                                       prefix=None if user else prefix)
+        return KernelSpecManager().install_kernel_spec(
+            str(folder), name, user=user, prefix=None if user else (prefix or sys.prefix))
 
 
 def installed_spec(name: str = KERNEL_NAME) -> dict | None:
@@ -75,7 +76,12 @@ def is_current(name: str = KERNEL_NAME) -> bool:
     """True when ``name`` is installed and runs this interpreter with this machine's preload."""
     spec = installed_spec(name)
     want = kernel_spec()
-    return bool(spec) and spec.get("argv") == want["argv"] and spec.get("env", {}) == want.get("env", {})
+    if not spec or not spec.get("argv") or spec.get("env", {}) != want.get("env", {}):
+        return False
+    # .venv/bin/python and .venv/bin/python3 are the same interpreter in the same environment
+    have, exe = Path(spec["argv"][0]), Path(sys.executable)
+    same = have.parent == exe.parent and os.path.realpath(have) == os.path.realpath(exe)
+    return same and spec["argv"][1:] == want["argv"][1:]
 
 
 def ensure_kernelspec(name: str = KERNEL_NAME) -> str | None:

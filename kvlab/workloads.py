@@ -482,9 +482,7 @@ def _exact_length_sampler(rng, tokenizer, vocab_size: int):
         if vocab_size < 2:
             raise RequestError(f"vocab_size must be >= 2, got {vocab_size!r}")
         return lambda n: tuple(int(i) for i in rng.integers(0, vocab_size, size=n))
-    from .tokens import _hf, _tokenizer_of
-
-    hf = _hf(_tokenizer_of(tokenizer))
+    hf = _hf_tokenizer(tokenizer)
     vocab = int(hf.vocab_size)
 
     def draw(n: int) -> tuple[int, ...]:
@@ -502,6 +500,14 @@ def _exact_length_sampler(rng, tokenizer, vocab_size: int):
         raise RequestError(f"could not draw {n} random token ids that decode and re-encode to "
                            f"exactly {n} tokens with this tokenizer; try another seed or length")
     return draw
+
+
+def _hf_tokenizer(obj):
+    """The Hugging Face tokenizer in a kvlab Model, an mlx-lm TokenizerWrapper, or itself."""
+    obj = getattr(obj, "tokenizer", obj)
+    inner = getattr(obj, "_tokenizer", None)
+    # mlx-lm's wrapper keeps the HF tokenizer in _tokenizer; an HF fast tokenizer keeps the Rust one
+    return inner if inner is not None and hasattr(inner, "vocab_size") else obj
 
 
 # realistic tool definitions (the shapes coding agents send), trimmed to what a cache study needs

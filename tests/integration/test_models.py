@@ -191,7 +191,7 @@ def test_smollm2_folder_and_tokenizer(smol):
 
 @pytest.mark.embedded
 def test_fingerprint_stable_across_processes(smol, tiny):
-    home = os.environ["KVLAB_HOME"]
+    home = models.kvlab_home()
     assert _child("kv.load().fingerprint", home) == smol.fingerprint == kv.fingerprint(smol)
     assert _child("kv.load('tiny').fingerprint", home) == tiny.fingerprint
     assert smol.fingerprint != tiny.fingerprint
@@ -214,6 +214,17 @@ def test_interrupted_conversion_leaves_nothing_loadable(tmp_path, monkeypatch):
     monkeypatch.undo()
     monkeypatch.setenv("KVLAB_HOME", str(tmp_path))
     assert "Paris" in generate(*_smol_parts(kv.load()), max_tokens=20)
+
+
+@pytest.mark.embedded
+def test_prepare_builds_once(tmp_path, monkeypatch, capsys, smol, tiny):
+    monkeypatch.setenv("KVLAB_HOME", str(tmp_path))
+    folders = models.prepare()
+    first = capsys.readouterr().out
+    assert first.startswith("kvlab: smollm2 built in") and "tiny-hybrid built" in first
+    assert folders["smollm2"].name == smol.path.name and folders["tiny"].name == tiny.path.name
+    assert models.prepare() == folders
+    assert "smollm2 ready" in capsys.readouterr().out
 
 
 def _smol_parts(m):

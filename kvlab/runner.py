@@ -1,0 +1,505 @@
+"""Run experiment notebooks with papermill, one at a time or as a parameter sweep.
+
+Every run gets a folder holding the executed notebook, its HTML export and the notebook's results
+table (``results.parquet``; the runner sets the notebook's ``results_path`` parameter to it). A
+sweep runs the cartesian product of a grid in parallel processes (or on a Dask cluster) and
+collects every run's table, with the run's parameters as columns, into ``sweep.parquet``.
+
+Example:
+    >>> r = kv.runner.run_notebook("notebooks/01_multi_turn.ipynb", {"turns": 3})
+    >>> r.results                                      # the notebook's polars table
+    >>> df = kv.runner.sweep("notebooks/01_multi_turn.ipynb", {"turns": [2, 3], "seed": [0, 1]})
+"""
+
+from __future__ import annotations
+
+import html
+import itertools
+import json
+import os
+import re
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from .errors import KvlabError
+
+RESULTS_PARAM = "results_path"
+RESULTS_FILE = "results.parquet"
+SWEEP_FILE = "sweep.parquet"
+DEFAULT_RUNS = "runs"
+
+
+class RunError(KvlabError, RuntimeError):
+    """A notebook run that failed; ``result`` is its RunResult (partial notebook kept)."""
+
+    def __init__(self, message: str, result: "RunResult | None" = None):
+        super().__init__(message)
+        self.result = result
+
+
+class SweepError(KvlabError, RuntimeError):
+    """A sweep in which some runs failed; ``frame`` holds the runs that succeeded."""
+
+    def __init__(self, message: str, frame=None, failures: list | None = None):
+        super().__init__(message)
+        self.frame = frame
+        self.failures = failures or []
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """One notebook run: where its artefacts are, with which parameters, and whether it failed."""
+
+    notebook: Path
+    run_dir: Path
+    executed: Path
+    html: Path | None
+    results_path: Path | None
+    parameters: dict = field(default_factory=dict)
+    seconds: float = 0.0
+    error: str | None = None
+    failed_cell: int | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    @property
+    def results(self):
+        """The notebook's results table (polars), read from ``results_path``."""
+        import polars as pl
+
+        if self.results_path is None or not Path(self.results_path).is_file():
+            raise RunError(f"run {self.run_dir} has no results table"
+                           + (f" (it failed: {self.error})" if self.error else ""), self)
+        return pl.read_parquet(self.results_path)
+
+    def artefacts(self) -> dict[str, Path | None]:
+        return {"notebook": self.executed, "html": self.html, "results": self.results_path}
+
+    def __repr__(self) -> str:
+        state = "ok" if self.ok else f"FAILED in cell {self.failed_cell}"
+        return f"RunResult({self.notebook.name} {state} in {self.seconds:.1f}s -> {self.run_dir})"
+
+    def _repr_pretty_(self, p, cycle) -> None:
+        p.text(self.summary())
+
+    def summary(self) -> str:
+        """Several lines: the state, the parameters and each artefact's path."""
+        lines = [repr(self)]
+        if self.parameters:
+            lines.append("  parameters: " + ", ".join(f"{k}={v!r}" for k, v in self.parameters.items()))
+        for name, path in self.artefacts().items():
+            lines.append(f"  {name:>8}: {path if path is not None and Path(path).exists() else '—'}")
+        if self.error:
+            lines.append(f"  error: {self.error}")
+        return "\n".join(lines)
+
+    def _repr_html_(self) -> str:
+        colour, word = ("#2a7", "ok") if self.ok else ("#c33", "failed")
+        params = html.escape(", ".join(f"{k}={v!r}" for k, v in self.parameters.items()))
+        rows = "".join(
+            f"<tr><th style='text-align:left'>{name}</th><td><code>"
+            f"{html.escape(str(path)) if path is not None and Path(path).exists() else '—'}"
+            f"</code></td></tr>" for name, path in self.artefacts().items())
+        err = f"<pre style='color:#c33;white-space:pre-wrap'>{html.escape(self.error)}</pre>" \
+            if self.error else ""
+        table = ""
+        if self.ok and self.results_path is not None and Path(self.results_path).is_file():
+            table = self.results.head(20)._repr_html_()
+        return (f"<div><b>Run</b> {html.escape(self.notebook.name)} · "
+                f"<span style='color:{colour};font-weight:bold'>{word}</span> in {self.seconds:.1f}s"
+                f"<br><small>{params}</small><table>{rows}</table>{err}{table}</div>")
+
+
+# ---------------------------------------------------------------------------------------- helpers
+
+def save_results(frame, path) -> Any:
+    """Write a notebook's results table to ``path`` atomically (never a half-written parquet);
+    returns the frame so a notebook can end with it.
+
+    Example:
+        >>> kv.runner.save_results(results, results_path)
+    """
+    import polars as pl
+
+    if not isinstance(frame, pl.DataFrame):
+        frame = pl.DataFrame(frame)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        frame.write_parquet(tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return frame
+
+
+def parse_value(text: str):
+    """A ``-p NAME VALUE`` value as YAML: ``3`` -> 3, ``0.5`` -> 0.5, ``true`` -> True, ``tiny`` -> 'tiny'."""
+    import yaml
+
+    if not isinstance(text, str):
+        return text
+    try:
+        return yaml.safe_load(text) if text.strip() else text
+    except yaml.YAMLError:
+        return text
+
+
+def parse_parameters(pairs) -> dict:
+    """``[[name, value], ...]`` from the command line -> {name: YAML value}."""
+    out = {}
+    for name, value in pairs or ():
+        if not name.isidentifier():
+            raise RunError(f"parameter name {name!r} is not a Python identifier")
+        out[name] = parse_value(value)
+    return out
+
+
+def notebook_parameters(path) -> dict:
+    """The notebook's ``parameters`` cell as {name: default} (papermill's inspection)."""
+    import papermill
+
+    info = papermill.inspect_notebook(str(path))
+    return {name: p.get("default") for name, p in info.items()}
+
+
+def _new_dir(base: Path, stem: str) -> Path:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for n in itertools.count(1):
+        folder = base / (f"{stem}-{stamp}" if n == 1 else f"{stem}-{stamp}-{n}")
+        try:
+            folder.mkdir(parents=True)
+            return folder
+        except FileExistsError:
+            continue
+    raise AssertionError("unreachable")
+
+
+def _kernel(kernel_name: str | None) -> str:
+    if kernel_name:
+        return kernel_name
+    from .kernel import ensure_kernelspec
+
+    return ensure_kernelspec() or "python3"
+
+
+class _preload_env:
+    """Put OpenBLAS in LD_PRELOAD while a kernel starts (kernels inherit os.environ); a kernel spec
+    without the preload (e.g. plain python3) still gets fast BLAS."""
+
+    def __enter__(self):
+        from ._blas import env_with_fast_blas
+
+        self.old = os.environ.get("LD_PRELOAD")
+        new = env_with_fast_blas().get("LD_PRELOAD")
+        if new is not None:
+            os.environ["LD_PRELOAD"] = new
+
+    def __exit__(self, *exc):
+        if self.old is None:
+            os.environ.pop("LD_PRELOAD", None)
+        else:
+            os.environ["LD_PRELOAD"] = self.old
+
+
+def _describe_failure(err, source_nb, notebook: Path, executed: Path) -> tuple[str, int | None]:
+    """A message naming the failing cell by its position in the *source* notebook."""
+    src = err.source if isinstance(err.source, str) else "".join(err.source or "")
+    index = None
+    code_cells = [i for i, c in enumerate(source_nb.cells) if c.cell_type == "code"]
+    for i, cell in enumerate(source_nb.cells):
+        if cell.cell_type == "code" and cell.source.strip() == src.strip():
+            index = i
+            break
+    first = next((ln.strip() for ln in src.splitlines() if ln.strip() and not ln.strip().startswith("#")),
+                 src.strip().splitlines()[0] if src.strip() else "")
+    if len(first) > 80:
+        first = first[:77] + "..."
+    where = (f"cell {index} (code cell {code_cells.index(index) + 1} of {len(code_cells)}; "
+             f"In [{err.exec_count}] in the executed notebook)" if index is not None
+             else f"In [{err.exec_count}] of the executed notebook")
+    evalue = (err.evalue or "").strip()
+    message = (f"{notebook} failed in {where}: `{first}` raised {err.ename}"
+               + (f": {evalue}" if evalue else "")
+               + f". The partial executed notebook is kept at {executed}")
+    return message, index
+
+
+# ---------------------------------------------------------------------------------------- running
+
+def run_notebook(path, parameters: Mapping | None = None, out_dir=None, *,
+                 kernel_name: str | None = None, timeout: float | None = None,
+                 html_export: bool = True, progress: bool = False, log_output: bool = False,
+                 raise_on_error: bool = True, runs_dir=DEFAULT_RUNS) -> RunResult:
+    """Execute a notebook with papermill into a run folder: executed notebook, HTML, results.
+
+    ``out_dir`` defaults to ``runs/<stem>-<timestamp>/``. The notebook's ``results_path``
+    parameter (if it has one) is set to ``<out_dir>/results.parquet``. Parameters the notebook
+    does not declare are refused. ``timeout`` is per cell, in seconds. A failing cell raises
+    RunError naming the cell (``raise_on_error=False`` returns the failed RunResult instead); the
+    partial executed notebook stays in the run folder and no results table is left behind.
+
+    Example:
+        >>> r = run_notebook("notebooks/00_quickstart.ipynb", {"model": "tiny"})
+        >>> r.run_dir, r.results.shape
+    """
+    import nbformat
+    import papermill
+    from papermill.exceptions import PapermillExecutionError
+
+    notebook = Path(path)
+    if not notebook.is_file():
+        raise RunError(f"no notebook at {notebook}")
+    if notebook.suffix != ".ipynb":
+        raise RunError(f"{notebook} is not a .ipynb notebook")
+    source_nb = nbformat.read(notebook, as_version=4)
+    declared = notebook_parameters(notebook)
+    params = dict(parameters or {})
+    unknown = sorted(set(params) - set(declared))
+    if unknown:
+        known = ", ".join(sorted(declared)) or "none (it has no cell tagged 'parameters')"
+        raise RunError(f"{notebook.name} has no parameter {', '.join(map(repr, unknown))}; "
+                       f"its parameters are: {known}")
+    run_dir = Path(out_dir) if out_dir is not None else _new_dir(Path(runs_dir), notebook.stem)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    run_dir = run_dir.resolve()
+    results_path = None
+    if RESULTS_PARAM in declared:
+        results_path = Path(params.get(RESULTS_PARAM) or run_dir / RESULTS_FILE).resolve()
+        params[RESULTS_PARAM] = str(results_path)
+        results_path.unlink(missing_ok=True)  # a stale table must not pass for this run's
+    executed = run_dir / notebook.name
+    shown = {k: v for k, v in params.items() if k != RESULTS_PARAM}
+
+    start = time.perf_counter()
+    error, failed_cell = None, None
+    try:
+        with _preload_env():
+            papermill.execute_notebook(
+                str(notebook), str(executed), parameters=params, kernel_name=_kernel(kernel_name),
+                language="python", progress_bar=progress, log_output=log_output,
+                cwd=str(notebook.parent.resolve()), start_timeout=180,
+                execution_timeout=timeout)
+    except PapermillExecutionError as e:
+        error, failed_cell = _describe_failure(e, source_nb, notebook, executed)
+    except Exception as e:  # kernel died, timeout, no such kernel: still name what happened
+        error = (f"{notebook} could not be executed: {type(e).__name__}: {str(e).strip()[:500]}. "
+                 f"The partial executed notebook (if any) is kept at {executed}")
+    seconds = time.perf_counter() - start
+
+    if error is None and results_path is not None and not results_path.is_file():
+        error = (f"{notebook} ran but did not write its results table to results_path "
+                 f"({results_path}); end the notebook with kv.runner.save_results(table, results_path)")
+    if error is not None and results_path is not None:
+        results_path.unlink(missing_ok=True)  # a failed run leaves no table to be mistaken for results
+    html_path = None
+    if html_export and executed.is_file():
+        html_path = _export_html(executed)
+    result = RunResult(notebook, run_dir, executed, html_path,
+                       results_path if error is None else None, shown, seconds, error, failed_cell)
+    (run_dir / "run.json").write_text(json.dumps(
+        {"notebook": str(notebook.resolve()), "parameters": shown, "seconds": round(seconds, 3),
+         "ok": error is None, "error": error, "kernel": kernel_name}, indent=2, default=str))
+    if error is not None and raise_on_error:
+        raise RunError(error, result)
+    return result
+
+
+def _export_html(executed: Path) -> Path | None:
+    import nbformat
+    from nbconvert import HTMLExporter
+
+    try:
+        body, _ = HTMLExporter().from_notebook_node(nbformat.read(executed, as_version=4))
+    except Exception as e:  # an export problem must not hide the run's own outcome
+        print(f"kvlab: warning: HTML export of {executed} failed: {e}", file=sys.stderr)
+        return None
+    out = executed.with_suffix(".html")
+    out.write_text(body, encoding="utf-8")
+    return out
+
+
+# ---------------------------------------------------------------------------------------- sweeps
+
+def load_grid(grid) -> dict[str, list]:
+    """A grid from a YAML file path or a mapping: {parameter: [values]} (a scalar means one value)."""
+    import yaml
+
+    if isinstance(grid, (str, os.PathLike)):
+        p = Path(grid)
+        if not p.is_file():
+            raise SweepError(f"no grid file at {p}")
+        try:
+            grid = yaml.safe_load(p.read_text())
+        except yaml.YAMLError as e:
+            raise SweepError(f"{p} is not valid YAML: {e}") from e
+    if not isinstance(grid, Mapping) or not grid:
+        raise SweepError("a grid is a YAML mapping of parameter name -> list of values, e.g.\n"
+                         "  turns: [2, 3]\n  seed: [0, 1]")
+    out = {}
+    for name, values in grid.items():
+        if not isinstance(name, str) or not name.isidentifier():
+            raise SweepError(f"grid key {name!r} is not a parameter name")
+        values = list(values) if isinstance(values, (list, tuple)) else [values]
+        if not values:
+            raise SweepError(f"grid parameter {name!r} has no values")
+        out[name] = values
+    return out
+
+
+def grid_points(grid: Mapping[str, list]) -> list[dict]:
+    """The cartesian product of a grid, in order (the last parameter varies fastest)."""
+    names = list(grid)
+    return [dict(zip(names, combo)) for combo in itertools.product(*(grid[n] for n in names))]
+
+
+def _slug(params: dict) -> str:
+    text = ",".join(f"{k}={v}" for k, v in params.items())
+    return re.sub(r"[^A-Za-z0-9_.,=-]+", "_", text)[:80]
+
+
+def _run_spec(spec: dict) -> dict:
+    """One sweep run (in a worker process or on a Dask worker); returns its table, not a path,
+    so the client needs no shared filesystem to collect results."""
+    try:
+        r = run_notebook(spec["notebook"], spec["parameters"], spec["out_dir"],
+                         kernel_name=spec.get("kernel_name"), timeout=spec.get("timeout"),
+                         html_export=spec.get("html_export", True), raise_on_error=False)
+        frame = r.results if r.ok else None
+        return {"index": spec["index"], "parameters": spec["parameters"], "run_dir": str(r.run_dir),
+                "error": r.error, "seconds": r.seconds, "frame": frame}
+    except Exception as e:  # bad parameters etc.: report, do not kill the sweep
+        return {"index": spec["index"], "parameters": spec["parameters"], "run_dir": spec["out_dir"],
+                "error": f"{type(e).__name__}: {e}", "seconds": 0.0, "frame": None}
+
+
+def _with_params(frame, params: dict, run: str):
+    import polars as pl
+
+    def lit(v):
+        return pl.lit(v if isinstance(v, (int, float, str, bool)) or v is None else json.dumps(v))
+
+    clash = {c: f"{c}_result" for c in frame.columns if c in params or c == "run"}
+    frame = frame.rename(clash) if clash else frame
+    cols = [lit(v).alias(k) for k, v in params.items()] + [pl.lit(run).alias("run")]
+    return frame.select(*cols, pl.all()) if frame.width else pl.select(*cols)
+
+
+def sweep(path, grid, *, parameters: Mapping | None = None, workers: int = 2, out_dir=None,
+          scheduler=None, kernel_name: str | None = None, timeout: float | None = None,
+          html_export: bool = True, runs_dir=DEFAULT_RUNS, verbose: bool = False):
+    """Run ``path`` for every point of ``grid`` (a mapping or a YAML file) and collect the tables.
+
+    Runs in ``workers`` processes, or on a Dask cluster when ``scheduler`` is an address (or a
+    ``distributed.Client``); on a multi-machine cluster ``out_dir`` must be on a shared disk for
+    the artefacts, though the table itself comes back over the wire. Returns one polars frame:
+    the grid (and fixed ``parameters``) as columns, ``run`` (the run's folder) and each run's
+    results columns; it is also written to ``<out_dir>/sweep.parquet``. Raises SweepError (with
+    ``.frame`` of the runs that worked) when any run fails.
+
+    Example:
+        >>> df = sweep("notebooks/01_multi_turn.ipynb", {"turns": [2, 3], "seed": [0, 1]})
+        >>> df.select("turns", "seed", "run").unique().height
+        4
+    """
+    import polars as pl
+
+    notebook = Path(path)
+    if not notebook.is_file():
+        raise SweepError(f"no notebook at {notebook}")
+    grid = load_grid(grid)
+    fixed = dict(parameters or {})
+    overlap = sorted(set(fixed) & set(grid))
+    if overlap:
+        raise SweepError(f"{', '.join(overlap)} both fixed and in the grid; give each parameter once")
+    declared = notebook_parameters(notebook)
+    unknown = sorted((set(grid) | set(fixed)) - set(declared))
+    if unknown:
+        raise SweepError(f"{notebook.name} has no parameter {', '.join(map(repr, unknown))}; its "
+                         f"parameters are: {', '.join(sorted(declared))}")
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise SweepError(f"workers must be a positive int, got {workers!r}")
+    sweep_dir = Path(out_dir) if out_dir is not None else _new_dir(Path(runs_dir), f"{notebook.stem}-sweep")
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    sweep_dir = sweep_dir.resolve()
+    points = grid_points(grid)
+    specs = [{"index": i, "notebook": str(notebook.resolve()), "parameters": {**p, **fixed},
+              "out_dir": str(sweep_dir / f"run-{i:03d}-{_slug(p)}"), "kernel_name": kernel_name,
+              "timeout": timeout, "html_export": html_export} for i, p in enumerate(points)]
+    if scheduler is None and kernel_name is None:
+        # install/refresh the kernel once here, not racily in every worker
+        from .kernel import ensure_kernelspec
+
+        kname = ensure_kernelspec()
+        for s in specs:
+            s["kernel_name"] = kname or "python3"
+    start = time.perf_counter()
+    if scheduler is not None:
+        outcomes = _dask_map(specs, scheduler)
+    elif workers == 1 or len(specs) == 1:
+        outcomes = [_run_spec(s) for s in specs]
+    else:
+        outcomes = _process_map(specs, workers, verbose)
+    outcomes.sort(key=lambda o: o["index"])
+
+    frames, failures = [], []
+    for o in outcomes:
+        if o["error"] is None and o["frame"] is not None:
+            frames.append(_with_params(o["frame"], o["parameters"], Path(o["run_dir"]).name))
+        else:
+            failures.append(o)
+    frame = pl.concat(frames, how="diagonal_relaxed") if frames else pl.DataFrame()
+    save_results(frame, sweep_dir / SWEEP_FILE)
+    (sweep_dir / "sweep.json").write_text(json.dumps(
+        {"notebook": str(notebook.resolve()), "grid": grid, "parameters": fixed,
+         "runs": [{"run": Path(o["run_dir"]).name, "parameters": o["parameters"], "ok": o["error"] is None,
+                   "error": o["error"], "seconds": round(o["seconds"], 3)} for o in outcomes],
+         "seconds": round(time.perf_counter() - start, 3)}, indent=2, default=str))
+    if failures:
+        lines = "\n".join(f"  {Path(o['run_dir']).name}: {o['error']}" for o in failures)
+        raise SweepError(f"{len(failures)} of {len(outcomes)} runs of {notebook.name} failed "
+                         f"(the {len(frames)} that worked are in {sweep_dir / SWEEP_FILE}):\n{lines}",
+                         frame, failures)
+    return frame
+
+
+def _process_map(specs: list[dict], workers: int, verbose: bool) -> list[dict]:
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    # spawn: each worker starts clean (no forked zmq/asyncio state from this process)
+    ctx = multiprocessing.get_context("spawn")
+    out = []
+    with ProcessPoolExecutor(max_workers=min(workers, len(specs)), mp_context=ctx) as pool:
+        futures = [pool.submit(_run_spec, s) for s in specs]
+        for f in as_completed(futures):
+            o = f.result()
+            if verbose:
+                state = "ok" if o["error"] is None else "FAILED"
+                print(f"kvlab: {Path(o['run_dir']).name} {state} ({o['seconds']:.1f}s)", file=sys.stderr)
+            out.append(o)
+    return out
+
+
+def _dask_map(specs: list[dict], scheduler) -> list[dict]:
+    try:
+        from distributed import Client
+    except ImportError as e:
+        raise SweepError("--scheduler needs dask.distributed: pip install 'dask[distributed]'") from e
+    own = not isinstance(scheduler, Client)
+    try:
+        client = Client(scheduler) if own else scheduler
+    except Exception as e:  # OSError/TimeoutError: name the address the user gave
+        raise SweepError(f"cannot connect to the Dask scheduler at {scheduler!r}: {e}") from e
+    try:
+        futures = client.map(_run_spec, specs, pure=False)
+        return client.gather(futures)
+    finally:
+        if own:
+            client.close()

@@ -1,0 +1,124 @@
+"""MlxLmLRUStore: mlx-lm's own ``LRUPromptCache`` (what ``mlx_lm.server`` runs) behind the store
+protocol, the baseline every comparison should include (seed 002).
+
+Its answers map to Match kinds: an exact entry -> ``exact``; a longer entry trimmed to the shared
+prefix -> ``supersequence`` (it extends the request) or ``lcp``; a shorter entry -> ``prefix``.
+As in mlx-lm, every hit is a ``copy.deepcopy`` of the entry's cache (DESIGN pitfall 7: the peak
+memory of a hit is the entry twice), and entries are counted (``max_size``), not sized, unless
+``max_bytes`` is given.
+
+mlx-lm keys its trie by token ids only; the adapter puts the key's salt and extra keys (image
+hashes) into mlx-lm's "model" key, so a request never reuses KV made with other images.
+
+Example:
+    >>> engine = kv.Engine(kv.load("tiny"), kv.MlxLmLRUStore(max_size=10))
+"""
+
+from __future__ import annotations
+
+import html
+import itertools
+from dataclasses import replace
+
+from mlx_lm.models.cache import LRUPromptCache
+
+from ..snapshots import Snapshot, restore, snapshot
+from .base import CacheKey, EventLog, Match
+
+
+class MlxLmLRUStore:
+    """An adapter over ``mlx_lm.models.cache.LRUPromptCache`` (see module docstring)."""
+
+    name = "mlx_lm_lru"
+
+    def __init__(self, max_size: int = 10, *, max_bytes: int | None = None):
+        self.cache = LRUPromptCache(max_size, max_bytes if max_bytes is not None else 1 << 63)
+        self.max_size = max_size
+        self._resident: dict[tuple, tuple[int, int, int]] = {}  # (ns, ids) -> (entry id, tokens, bytes)
+        self._fingerprint: str | None = None
+        self._ids = itertools.count(1)
+        self.evictions = 0
+        self.log = EventLog()
+
+    # -- protocol ---------------------------------------------------------------------------------
+    @property
+    def nbytes(self) -> int:
+        return self.cache.nbytes
+
+    @property
+    def entries(self) -> int:
+        return len(self.cache)
+
+    def drain_events(self) -> list[dict]:
+        return self.log.drain()
+
+    def lookup(self, key: CacheKey, *, limit: int) -> Match:
+        ns, ids = _namespace(key), list(key.ids)
+        # mlx-lm's answer does not say which branch it took; its trie's search does (read-only)
+        found = self.cache._trie.search(ns, ids)
+        cache, rest = self.cache.fetch_nearest_cache(ns, ids)
+        if cache is None:
+            return Match("miss", why="" if found.common_prefix == 0 else
+                         f"an entry shares {found.common_prefix} tokens but mlx-lm does not trim it "
+                         "(its cache is not trimmable)")
+        covered = len(ids) - len(rest)
+        if found.exact is not None:
+            kind, entry = "exact", tuple(ids)
+        elif found.longer is not None and covered > (len(found.shorter) if found.shorter else 0):
+            kind, entry = ("supersequence" if found.common_prefix >= len(ids) else "lcp"), tuple(found.longer)
+        else:
+            kind, entry = "prefix", tuple(found.shorter)
+        snap = replace(snapshot(cache, tokens=ids[:covered]), fingerprint=self._fingerprint)
+        entry_id, entry_tokens, _ = self._resident.get((ns, entry), (None, len(entry), 0))
+        return Match(kind, min(covered, limit), snap, entry_tokens, entry_id)
+
+    def insert(self, key: CacheKey, snap: Snapshot, *, kind: str = "prompt") -> None:
+        ns, ids = _namespace(key), tuple(key.ids[: snap.offset])
+        self._fingerprint = snap.fingerprint or self._fingerprint
+        caches = restore(snap)
+        nbytes = sum(c.nbytes for c in caches)  # what LRUPromptCache counts for the entry
+        self.cache.insert_cache(ns, list(ids), caches, cache_type=_cache_type(kind))
+        if (ns, ids) not in self._resident:
+            self._resident[(ns, ids)] = (next(self._ids), len(ids), nbytes)
+            self.log.add("insert", tokens=len(ids), nbytes=nbytes, entry=self._resident[(ns, ids)][0],
+                         kind=kind)
+        self._sync(ns, ids, snap.trimmable)
+
+    # -- internals --------------------------------------------------------------------------------
+    def _sync(self, ns, ids, trimmable: bool) -> None:
+        """Log the entries mlx-lm dropped during the last insert (it does not report them)."""
+        for k in list(self._resident):
+            if k == (ns, ids) or self._present(*k):
+                continue
+            entry_id, tokens, nbytes = self._resident.pop(k)
+            subsumed = trimmable and k[0] == ns and ids[: len(k[1])] == k[1]
+            if not subsumed:
+                self.evictions += 1
+            self.log.add("evict", tokens=tokens, nbytes=nbytes, entry=entry_id,
+                         reason="subsumed" if subsumed else "lru")
+
+    def _present(self, ns, ids) -> bool:
+        try:
+            self.cache._trie.get(ns, list(ids))
+            return True
+        except KeyError:
+            return False
+
+    def __repr__(self) -> str:
+        return (f"MlxLmLRUStore({self.entries} of {self.max_size} entries, "
+                f"{self.nbytes / 2**20:.1f} MiB, {self.evictions} evictions)")
+
+    def _repr_html_(self) -> str:
+        rows = "".join(f"<tr><td>{e}</td><td>{t}</td><td>{b}</td></tr>"
+                       for e, t, b in sorted(self._resident.values()))
+        return (f"<div><b>MlxLmLRUStore</b> (mlx-lm's LRUPromptCache) {html.escape(repr(self))}"
+                f"<table><tr><th>entry</th><th>tokens</th><th>bytes</th></tr>{rows}</table></div>")
+
+
+def _namespace(key: CacheKey) -> tuple:
+    return ("kvlab", key.salt, tuple(sorted(key.extra_keys)))
+
+
+def _cache_type(kind: str) -> str:
+    # mlx-lm's eviction order prefers dropping "assistant" (prompt+output) entries, then "user"
+    return {"prompt+output": "assistant", "checkpoint": "system"}.get(kind, "user")

