@@ -95,7 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--prefix-len", type=int, default=256)
     s.add_argument("--suffix-len", type=int, default=256)
     s.add_argument("--num-prompts", type=int, default=None)
-    s.add_argument("--num-prefixes", type=int, default=1)
+    s.add_argument("--num-prefixes", type=int, default=1,
+                   help="prefixes (default 1 as in seed 004; vLLM's dataset default is 10)")
     s.add_argument("--output-len", type=int, default=128)
     s.add_argument("--passes", type=int, default=1, help="replay the workload this many times")
     s.add_argument("--seed", type=int, default=0)

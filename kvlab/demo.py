@@ -30,8 +30,8 @@ def conversation_report(model, turns: int = 3, max_tokens: int = 24) -> list[dic
     cold = kv.Engine(model, None)
     questions = ["What is the capital of France?", "What river runs through it?",
                  "Name one famous museum there."]
-    messages = [{"role": "system", "content": "You are a concise, friendly geography tutor. "
-                 "Answer in one or two sentences."}]
+    messages = [{"role": "system", "content": "You are a helpful AI assistant named SmolLM, "
+                 "trained by Hugging Face"}]
     rows = []
     for turn in range(turns):
         messages.append({"role": "user", "content": questions[turn % len(questions)]})

@@ -20,8 +20,8 @@ import polars as pl
 from mlx_lm.generate import generate_step
 
 from . import _blas
-from .errors import KvlabError, NotTrimmableError, RequestError
-from .snapshots import non_trimmable_layers, prefill, restore, snapshot, trim
+from .errors import KvlabError, NotTrimmableError, RequestError, SnapshotError
+from .snapshots import PREFILL_STEP, make_cache, non_trimmable_layers, prefill, restore, snapshot, trim
 from .stores.base import MISS, CacheKey, Match
 from .tokens import Tokens, from_ids, tokenise
 
@@ -103,7 +103,7 @@ class Engine:
         self.verify = verify
         self.image_keys = image_keys
         self.max_tokens = max_tokens
-        probe = snapshot(restore_probe(model))
+        probe = snapshot(make_cache(model))
         self.trimmable = not non_trimmable_layers(probe) if probe.layers else True
         # Non-trimmable caches can only be reused exactly where a snapshot was taken.
         self.checkpoints = (not self.trimmable) if checkpoints is None else checkpoints
@@ -114,6 +114,7 @@ class Engine:
         self._last_cached: tuple[int, ...] | None = None
         self._last_prompt_len = 0
         self._listeners: list = []
+        self._runner = model  # kvlab.vlm hook: what runs ids (the model, or a VLM bound to a request)
 
     # -- running ----------------------------------------------------------------------------------
     def tokens_of(self, request) -> tuple[Tokens, tuple, str | None, int | None]:
@@ -142,6 +143,8 @@ class Engine:
     def run(self, request, max_tokens: int | None = None, *, extra_keys=(), salt=None) -> Result:
         """Run one request: look up, restore, prefill the rest, decode greedily, insert, record."""
         toks, extra, req_salt, req_max = self.tokens_of(request)
+        # kvlab.vlm hook: a VLM binds each request's images and M-RoPE positions (kvlab/vlm.py)
+        self._runner = self.model.for_request(toks) if hasattr(self.model, "for_request") else self.model
         max_tokens = max_tokens if max_tokens is not None else (req_max or self.max_tokens)
         ids = toks.ids
         limit = getattr(self.model, "context_length", None)
@@ -152,10 +155,11 @@ class Engine:
                                f"model's context of {limit} tokens; shorten it or lower max_tokens")
         key = CacheKey(ids, tuple(extra_keys) + extra, salt if salt is not None else req_salt)
         rid = next(self._ids)
-        drift = self._drift(ids)
+        drift = self._drift(toks)
         start = time.perf_counter()
 
-        match, why = (MISS, "no store") if self.store is None else (self.store.lookup(key, limit=len(ids) - 1), "")
+        match, why = (MISS, "no store") if self.store is None else (
+            self.store.lookup(key, limit=len(ids) - 1, **self._store_kw(toks)), "")
         lookup_s = time.perf_counter() - start
         why = match.why or why
         self._event(rid, "lookup", len(ids), 0, None, match.kind)
@@ -163,6 +167,7 @@ class Engine:
         cache, reused = None, 0
         if match.snapshot is not None and match.tokens > 0:
             snap = match.snapshot
+            self._check_model(snap)
             try:
                 if snap.offset > match.tokens:
                     snap = trim(snap, snap.offset - match.tokens)
@@ -184,15 +189,15 @@ class Engine:
         decode_s = time.perf_counter() - t
 
         if self.store is not None:
+            # stores refresh (not replace) an entry they already hold for the same tokens
             if self.keying == "prompt":
-                if not (match.kind == "exact" and reused == len(ids) - 1):
-                    self.store.insert(key, prompt_snap, kind="prompt")
+                self.store.insert(key, prompt_snap, kind="prompt", **self._store_kw(toks))
             else:
                 offset = max((c.offset for c in cache if hasattr(c, "offset")), default=len(ids))
                 seq = (ids + tuple(out))[:offset]
                 full_key = CacheKey(seq, key.extra_keys, key.salt)
                 self.store.insert(full_key, snapshot(cache, tokens=seq, model=self.model),
-                                  kind="prompt+output")
+                                  kind="prompt+output", **self._store_kw(toks))
                 self._last_cached, self._last_prompt_len = seq, len(ids)
         evictions = self._drain(rid)
         verify_diff = self._verify(ids, logits) if self.verify and reused else (0.0 if self.verify else None)
@@ -212,26 +217,54 @@ class Engine:
             self.run(request, max_tokens)
         return self.results_frame()
 
+    def _store_kw(self, toks: Tokens) -> dict:
+        # the optional protocol hook: stores that split conversations need the rendered Tokens
+        return {"tokens": toks} if getattr(self.store, "wants_tokens", False) else {}
+
+    def _check_model(self, snap) -> None:
+        mine = getattr(self.model, "fingerprint", None)
+        if snap.fingerprint is not None and mine is not None and snap.fingerprint != mine:
+            raise SnapshotError(f"the store returned KV made by model {snap.fingerprint[:12]}, but "
+                                f"this engine runs model {mine[:12]}: KV from another model is "
+                                "meaningless; give each model its own store")
+
     def _prefill(self, toks: Tokens, reused, cache, key):
-        """Prefill ids[reused:]; with checkpoints, stop at each message boundary to snapshot."""
+        """Prefill ids[reused:]. With checkpoints (non-trimmable caches), stop at each message
+        boundary and at n-1 to snapshot: such caches are reusable only exactly where a snapshot
+        was taken, and n-1 is what an identical request needs (its last token is recomputed)."""
         ids, bounds = toks.ids, []
         if self.checkpoints and self.store is not None:
-            bounds = sorted({s.token_end for s in toks.spans if reused < s.token_end < len(ids)})
+            ends = {s.token_end for s in toks.spans} | {len(ids) - 1}
+            bounds = sorted(b for b in ends if reused < b < len(ids))
+        cache = make_cache(self.model) if cache is None else cache
         pos, checkpoints = reused, 0
         for b in bounds:
-            _, cache = prefill(self.model, ids[pos:b], cache)
+            self._advance(ids[pos:b], cache)
             self.store.insert(key.prefix(b), snapshot(cache, tokens=ids[:b], model=self.model),
-                              kind="checkpoint")
+                              kind="checkpoint", **self._store_kw(toks))
             pos, checkpoints = b, checkpoints + 1
-        logits, cache = prefill(self.model, ids[pos:], cache)
-        return logits, cache, checkpoints
+        return *self._forward(ids[pos:], cache), checkpoints
+
+    def _advance(self, ids, cache) -> None:
+        """Run ids into cache without the vocabulary projection (mlx-lm's generate_step prefill
+        does the same: with a 150k vocabulary, logits for every position dominate small models)."""
+        net = getattr(self._runner, "model", self._runner)
+        for s in range(0, len(ids), PREFILL_STEP):
+            net(mx.array(ids[s:s + PREFILL_STEP])[None], cache=cache)
+            mx.eval([c.state for c in cache])
+
+    def _forward(self, ids, cache):
+        """(last-position logits, cache) after running ids into cache."""
+        cache = make_cache(self.model) if cache is None else cache
+        self._advance(ids[:-1], cache)
+        return prefill(self._runner, ids[-1:], cache)
 
     def _decode(self, first: int, cache, max_tokens: int) -> list[int]:
         out = [first]
         eos = set(getattr(self.model.tokenizer, "eos_token_ids", ()) or ())
         if max_tokens <= 1 or first in eos:
             return out[:max_tokens]
-        for token, _ in generate_step(mx.array([first]), getattr(self.model, "model", self.model),
+        for token, _ in generate_step(mx.array([first]), getattr(self._runner, "model", self._runner),
                                       max_tokens=max_tokens - 1, sampler=_greedy, prompt_cache=cache):
             out.append(int(token))
             if token in eos:
@@ -239,20 +272,26 @@ class Engine:
         return out
 
     def _verify(self, ids, logits) -> float:
-        cold, _ = prefill(self.model, ids)
+        cold, _ = self._forward(ids, None)
         return float(mx.abs(cold - logits).max().item())
 
-    def _drift(self, ids) -> int | None:
-        """Where this prompt stops matching the previous prompt+output (templates that re-render
-        history, e.g. drop <think>, make 'prompt + output' keys miss)."""
-        prev = self._last_cached
+    def _drift(self, toks: Tokens) -> int | None:
+        """Where this prompt stops matching the previous prompt+output, when that happens inside
+        the previous reply or an assistant message: templates that re-render history (Qwen3 drops
+        <think>) make 'prompt + output' keys miss. A divergence elsewhere (a new system prompt,
+        another conversation) is not drift."""
+        prev, ids = self._last_cached, toks.ids
         if prev is None:
             return None
         n = 0
         limit = min(len(prev), len(ids))
         while n < limit and prev[n] == ids[n]:
             n += 1
-        return n if self._last_prompt_len <= n < len(prev) else None
+        if n >= len(prev) or n == 0:
+            return None
+        span = toks.span_at(n)
+        in_reply = n >= self._last_prompt_len or (span is not None and span.role == "assistant")
+        return n if in_reply else None
 
     # -- events -----------------------------------------------------------------------------------
     def _event(self, rid, event, tokens, nbytes, entry, detail=None):
@@ -313,9 +352,3 @@ class Engine:
                         else f"<tr><td>{k}</td><td>{v}</td></tr>" for k, v in s.items())
         return (f"<div><b>Engine</b> {html.escape(repr(self))}<table>{cells}</table></div>")
 
-
-def restore_probe(model):
-    """A fresh, empty cache of the model (to learn whether its layers can be trimmed)."""
-    from .snapshots import make_cache
-
-    return make_cache(model)

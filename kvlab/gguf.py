@@ -66,7 +66,7 @@ def unpermute(w: mx.array, n_head: int) -> mx.array:
 
 
 def read_gguf(path) -> tuple[dict, dict, dict]:
-    """(float32 tensors keyed by GGUF name without ".weight", metadata, llama config read from metadata)."""
+    """(float32 tensors keyed by GGUF name minus ".weight", metadata, llama config)."""
     raw, meta = mx.load(str(path), return_metadata=True)
     if meta.get("general.architecture") != "llama":
         raise ModelNotFoundError(f"{path} is a {meta.get('general.architecture')!r} GGUF; "
@@ -77,7 +77,9 @@ def read_gguf(path) -> tuple[dict, dict, dict]:
         if part in ("scales", "biases"):
             continue
         qname = f"{name}.scales"
-        if qname in raw:  # mx.load hands Q4_1 back as MLX affine triplets: dequantize in float32
+        if qname in raw:
+            # mx.load hands Q4_1 (and this file's Q8_0 embedding) back as MLX affine triplets of
+            # group 32; dequantize in float32, as llama.cpp does, so float32 output is exact
             group = 32
             bits = value.shape[-1] * 32 // (raw[qname].shape[-1] * group)
             value = mx.dequantize(value, raw[qname].astype(mx.float32),
@@ -132,7 +134,7 @@ def hf_weights(tensors: dict, config: dict) -> dict:
 
 
 def tokenizer_files(meta: dict) -> dict[str, dict]:
-    """tokenizer.json / tokenizer_config.json / special_tokens_map.json rebuilt from GGUF metadata."""
+    """tokenizer.json, tokenizer_config.json, special_tokens_map.json rebuilt from GGUF metadata."""
     if meta.get("tokenizer.ggml.model") != "gpt2":
         raise ModelNotFoundError("only byte-level BPE (gpt2) GGUF tokenizers convert; "
                                  "pass a local mlx-lm folder instead")

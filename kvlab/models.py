@@ -19,15 +19,19 @@ import shutil
 import sys
 import tempfile
 import time
+from collections import Counter
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from . import _blas
 
 _blas.load_fast_blas()  # before mlx.core
 
 import mlx.core as mx  # noqa: E402
+from mlx.utils import tree_flatten, tree_unflatten  # noqa: E402
 
 from . import gguf  # noqa: E402
 from .errors import KvlabError, ModelNotFoundError  # noqa: E402
@@ -107,8 +111,8 @@ class Model:
                 f"{f['dtype']}, context {f['context']}, fingerprint {f['fingerprint']})")
 
     def _repr_html_(self) -> str:
-        rows = "".join(f"<tr><th style='text-align:left'>{k}</th><td>{html.escape(str(v))}</td></tr>"
-                       for k, v in self._fields().items())
+        rows = "".join(f"<tr><th style='text-align:left'>{k}</th>"
+                       f"<td>{html.escape(str(v))}</td></tr>" for k, v in self._fields().items())
         return f"<table><caption>kvlab Model</caption>{rows}</table>"
 
 
@@ -119,7 +123,8 @@ def fingerprint(model: Model) -> str:
         True
     """
     if not isinstance(model, Model):
-        raise TypeError(f"fingerprint() takes a kvlab Model (from kv.load), not {type(model).__name__}")
+        raise TypeError("fingerprint() takes a kvlab Model (from kv.load), "
+                        f"not {type(model).__name__}")
     return model.fingerprint
 
 
@@ -141,13 +146,14 @@ def load(name_or_path: str | os.PathLike = "smollm2", *, dtype: str | None = Non
         return _load_folder(_ensure_smollm2(dtype), "smollm2", dtype)
     if key in ("tiny", "tiny-hybrid"):
         return _load_folder(_ensure_tiny(key == "tiny-hybrid"), key, dtype or "float32")
-    path = Path(key).expanduser()
+    path = Path(key).expanduser().resolve()
     if not path.is_dir():
-        raise ModelNotFoundError(f"{key!r} is neither a known model name nor a local folder: {_HOW}")
+        raise ModelNotFoundError(f"{key!r} is neither a known model name nor a local folder: "
+                                 f"{_HOW}")
     if not (path / "config.json").is_file() or not list(path.glob("model*.safetensors")):
         raise ModelNotFoundError(f"{path} is not an mlx-lm model folder (it needs config.json and "
                                  f"model*.safetensors): {_HOW}")
-    return _load_folder(path.resolve(), path.name, dtype)
+    return _load_folder(path, path.name, dtype)
 
 
 def qwen_tokenizer_dir() -> Path:
@@ -184,7 +190,7 @@ convert_gguf = gguf.convert_gguf
 def prepare(dtype: str | None = None) -> dict[str, Path]:
     """Convert/build the embedded and tiny models now (e.g. before tests); print one summary line.
 
-        >>> prepare()   # kvlab: smollm2 (float32) converted in 4.1s, tiny built in 0.9s, ...
+        >>> prepare()   # kvlab: smollm2 built in 4.1s, tiny built in 1.4s, tiny-hybrid ...
     """
     t0, done, folders = time.perf_counter(), [], {}
     for name, ensure in (("smollm2", lambda: _ensure_smollm2(dtype or default_dtype(), True)),
@@ -193,7 +199,8 @@ def prepare(dtype: str | None = None) -> dict[str, Path]:
         start = time.perf_counter()
         folders[name], built = ensure()
         done.append(f"{name} {'built' if built else 'ready'} in {time.perf_counter() - start:.1f}s")
-    print(f"kvlab: {', '.join(done)} ({time.perf_counter() - t0:.1f}s) -> {kvlab_home() / 'models'}")
+    total = time.perf_counter() - t0
+    print(f"kvlab: {', '.join(done)} ({total:.1f}s) -> {kvlab_home() / 'models'}")
     return folders
 
 
@@ -243,8 +250,6 @@ def _ensure_tiny(hybrid: bool, with_status: bool = False):
 
 
 def _build_tiny(out: Path, cfg: dict) -> None:
-    import numpy as np
-    from mlx.utils import tree_flatten, tree_unflatten
     from mlx_lm.utils import _get_classes
 
     model_class, args_class = _get_classes(cfg)
@@ -352,14 +357,11 @@ def _load_folder(folder: Path, name: str, dtype: str | None) -> Model:
         weights = _digest_files(folder, sorted(p.name for p in folder.glob("model*.safetensors")))
         tok = _digest_files(folder, TOKENIZER_FILES)
     fp = _sha256_json({"config": config, "weights": weights, "tokenizer": tok, "dtype": dtype})
-    return Model(name, model, tokenizer, fp, folder, config, dtype, _context_length(config, tokenizer))
+    context = _context_length(config, tokenizer)
+    return Model(name, model, tokenizer, fp, folder, config, dtype, context)
 
 
 def _stored_dtype(model) -> str:
-    from collections import Counter
-
-    from mlx.utils import tree_flatten
-
     kinds = Counter(str(p.dtype).rsplit(".", 1)[-1] for _, p in tree_flatten(model.parameters())
                     if mx.issubdtype(p.dtype, mx.floating))
     return kinds.most_common(1)[0][0] if kinds else "float32"

@@ -104,8 +104,10 @@ def _tokenizer_of(model_or_tokenizer):
 
 
 def _hf(tokenizer):
-    """The Hugging Face tokenizer inside mlx-lm's TokenizerWrapper."""
-    return getattr(tokenizer, "_tokenizer", tokenizer)
+    """The Hugging Face tokenizer inside mlx-lm's TokenizerWrapper (or the tokenizer itself)."""
+    from mlx_lm.tokenizer_utils import TokenizerWrapper
+
+    return tokenizer._tokenizer if isinstance(tokenizer, TokenizerWrapper) else tokenizer
 
 
 def validate_messages(messages: Sequence[dict]) -> list[dict]:

@@ -18,7 +18,7 @@ import hashlib
 import html
 import json
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Sequence
+from typing import Iterator
 
 import numpy as np
 
@@ -208,7 +208,8 @@ class Workload:
     def _repr_html_(self, limit: int = 50) -> str:
         rows = []
         for r in self.requests[:limit]:
-            size = f"{len(r.ids)} ids" if r.ids is not None else f"{len(r.messages)} msgs, {r.text_chars()} chars"
+            size = (f"{len(r.ids)} ids" if r.ids is not None
+                    else f"{len(r.messages)} msgs, {r.text_chars()} chars")
             rows.append(f"<tr><td>{html.escape(r.name)}</td><td>{r.kind}</td><td>{size}</td>"
                         f"<td>{'yes' if r.has_images else ''}</td><td>{r.max_tokens}</td></tr>")
         more = f"<tr><td colspan=5>… {len(self) - limit} more</td></tr>" if len(self) > limit else ""

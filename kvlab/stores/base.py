@@ -63,7 +63,13 @@ MISS = Match("miss")
 
 @runtime_checkable
 class Store(Protocol):
-    """One protocol, four designs (radix, paged, system prompt, mlx-lm's LRU)."""
+    """One protocol, four designs (radix, paged, system prompt, mlx-lm's LRU).
+
+    ``insert`` of tokens a store already holds refreshes that entry (the Engine inserts after
+    every request, hit or not). Optional hook: a store that needs the rendered conversation
+    (message spans) sets ``wants_tokens = True``; the Engine then also passes ``tokens=`` (a
+    ``kv.Tokens``) to ``lookup`` and ``insert``.
+    """
 
     name: str
 

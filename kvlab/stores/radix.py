@@ -151,9 +151,18 @@ class RadixStore:
         if snap.nbytes > self.budget_bytes:
             raise too_big(self.name, snap.nbytes, self.budget_bytes)
         sym = symbols(key)[: snap.offset]
+        if not sym:
+            return
         node = self._node_for(sym)
-        if node.entry is not None:
-            self._drop(node.entry, node, "replaced")
+        old = node.entry
+        if (old is not None and old.snapshot.fingerprint == snap.fingerprint
+                and old.snapshot.kinds == snap.kinds):
+            # same tokens, same model: the KV is the same, so keep the entry and refresh it
+            old.last_used = next(self._clock)
+            return
+        if old is not None:
+            self._drop(old, node, "replaced")
+            node = self._node_for(sym)  # dropping may have pruned or merged the node
         entry = Entry(next(self._ids), snap, len(sym), kind, next(self._clock), 0)
         entry.last_used = entry.created
         node.entry = entry

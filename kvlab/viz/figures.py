@@ -114,6 +114,42 @@ def _tree_frame(x) -> pl.DataFrame:
                        f"Engine, or the tree frame itself; got {type(x).__name__}") from None
 
 
+def _normalise_tree(frame: pl.DataFrame) -> pl.DataFrame:
+    """PagedStore.blocks_frame() (block, hash, parent hash, token_ids) as tree rows."""
+    if "id" in frame.columns or "hash" not in frame.columns:
+        return frame
+    cols = [pl.col("hash").alias("id")]
+    if "token_ids" in frame.columns and "tokens" not in frame.columns:
+        cols.append(pl.col("token_ids").list.len().alias("tokens"))
+    if "block" in frame.columns and "entry" not in frame.columns:
+        cols.append(pl.col("block").alias("entry"))
+    return frame.with_columns(cols)
+
+
+def _positions(ids: list[str], parents: list[str], tokens: list[int]):
+    """[start, end) token positions of each node from its ancestors' sizes (block chains)."""
+    index = {n: i for i, n in enumerate(ids)}
+    start: list[int | None] = [None] * len(ids)
+
+    def walk(i: int) -> int:
+        chain = []
+        while start[i] is None:
+            chain.append(i)
+            p = index.get(parents[i])
+            if p is None or p in chain:
+                start[i] = 0
+                chain.pop()
+                break
+            i = p
+        for j in reversed(chain):
+            p = index[parents[j]]
+            start[j] = start[p] + tokens[p]
+
+    for i in range(len(ids)):
+        walk(i)
+    return start, [s + t for s, t in zip(start, tokens)]
+
+
 def prefix_tree(store_or_frame, tokenizer=None, color: str = "hits", *, label_chars: int = 24,
                 hover_chars: int = 160) -> go.Figure:
     """The store's prefix tree as an icicle: one box per node, size = its tokens (plus the
@@ -129,7 +165,7 @@ def prefix_tree(store_or_frame, tokenizer=None, color: str = "hits", *, label_ch
     """
     if color not in ("hits", "recency"):
         raise VizError(f"color must be 'hits' or 'recency', got {color!r}")
-    frame = _tree_frame(store_or_frame)
+    frame = _normalise_tree(_tree_frame(store_or_frame))
     _need(frame, ("id", "parent", "tokens"), "prefix_tree")
     tok = _tokenizer(tokenizer)
     n = frame.height
@@ -145,6 +181,8 @@ def prefix_tree(store_or_frame, tokenizer=None, color: str = "hits", *, label_ch
     hits, last = col("hits", 0), col("last_used", 0)
     nbytes, entry = col("bytes", 0), col("entry", None)
     start, depth = col("start", None), col("depth", None)
+    if "start" not in frame.columns:
+        start, depth = _positions(node_ids, parents, tokens)
     # plotly draws one root; several parentless nodes (block chains) or orphans hang off a stand-in
     roots = [i for i, p in enumerate(parents) if p == "" or p not in known]
     synthetic = len(roots) != 1 or parents[roots[0]] != ""

@@ -265,7 +265,7 @@ def test_tiny_loads_fast_once_built(tiny):
 
     start = time.perf_counter()
     again = kv.load("tiny")
-    assert time.perf_counter() - start < 5  # ~2s here, nearly all in the Qwen tokenizer
+    assert time.perf_counter() - start < 10  # ~2s on an idle 2-core box, mostly the tokenizer
     assert again.fingerprint == tiny.fingerprint and again.path == tiny.path
 
 
@@ -306,7 +306,8 @@ def test_broken_or_stale_folders_are_rebuilt(tmp_path, monkeypatch, tiny):
         fh.truncate(100)
     assert kv.load("tiny").fingerprint == tiny.fingerprint
     manifest = json.loads((folder / "kvlab.json").read_text())
-    assert manifest["weights_bytes"]["model.safetensors"] == (folder / "model.safetensors").stat().st_size
+    size = (folder / "model.safetensors").stat().st_size
+    assert manifest["weights_bytes"]["model.safetensors"] == size
 
 
 def test_interrupted_tiny_build_leaves_nothing_loadable(tmp_path, monkeypatch):
@@ -320,6 +321,18 @@ def test_interrupted_tiny_build_leaves_nothing_loadable(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         kv.load("tiny")
     assert all(name.endswith(".lock") for name in _visible(tmp_path))
+
+
+def test_concurrent_builds_share_one_folder(tmp_path):
+    env = dict(os.environ, KVLAB_HOME=str(tmp_path))
+    code = "import kvlab as kv; print(kv.load('tiny').fingerprint)"
+    procs = [subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL, text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=300)[0].split() for p in procs]
+    assert all(p.returncode == 0 for p in procs)
+    assert outs[0][-1] == outs[1][-1]
+    folders = [n for n in _visible(tmp_path) if not n.endswith(".lock")]
+    assert len(folders) == 1 and folders[0].startswith("tiny-qwen3-")  # no temp dirs left
 
 
 # -- errors ---------------------------------------------------------------------------------

@@ -13,7 +13,8 @@ import mlx.core as mx  # noqa: E402  (after kvlab: OpenBLAS first)
 
 def llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
     """convert_hf_to_gguf.py's permute: HF rotate-half rows -> interleaved pairs."""
-    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+    rows = w.shape[0]
+    return w.reshape(n_head, 2, rows // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
 def test_unpermute_inverts_llama_cpp_permute():

@@ -3,7 +3,6 @@ and the compiled kernels and the stack-distance sweep against the plain-Python r
 
 import json
 import math
-import os
 import subprocess
 import sys
 from pathlib import Path
