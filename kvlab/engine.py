@@ -111,8 +111,9 @@ class Engine:
         self._events: list[dict] = []
         self._ids = itertools.count(1)
         self._t0 = time.perf_counter()
-        self._last_cached: tuple[int, ...] | None = None
+        self._last_cached: tuple[int, ...] | None = None  # what the last request left cached
         self._last_prompt_len = 0
+        self._last_messages: tuple | None = None
         self._listeners: list = []
         self._runner = model  # kvlab.vlm hook: what runs ids (the model, or a VLM bound to a request)
 
@@ -188,17 +189,19 @@ class Engine:
         out = self._decode(first, cache, max_tokens)
         decode_s = time.perf_counter() - t
 
+        seq = ids
+        if self.keying == "prompt+output":
+            offset = max((c.offset for c in cache if hasattr(c, "offset")), default=len(ids))
+            seq = (ids + tuple(out))[:offset]
         if self.store is not None:
             # stores refresh (not replace) an entry they already hold for the same tokens
             if self.keying == "prompt":
                 self.store.insert(key, prompt_snap, kind="prompt", **self._store_kw(toks))
             else:
-                offset = max((c.offset for c in cache if hasattr(c, "offset")), default=len(ids))
-                seq = (ids + tuple(out))[:offset]
-                full_key = CacheKey(seq, key.extra_keys, key.salt)
-                self.store.insert(full_key, snapshot(cache, tokens=seq, model=self.model),
+                self.store.insert(CacheKey(seq, key.extra_keys, key.salt),
+                                  snapshot(cache, tokens=seq, model=self.model),
                                   kind="prompt+output", **self._store_kw(toks))
-                self._last_cached, self._last_prompt_len = seq, len(ids)
+        self._last_cached, self._last_prompt_len, self._last_messages = seq, len(ids), toks.messages
         evictions = self._drain(rid)
         verify_diff = self._verify(ids, logits) if self.verify and reused else (0.0 if self.verify else None)
         text = self.model.tokenizer.decode(list(out))
@@ -276,10 +279,11 @@ class Engine:
         return float(mx.abs(cold - logits).max().item())
 
     def _drift(self, toks: Tokens) -> int | None:
-        """Where this prompt stops matching the previous prompt+output, when that happens inside
-        the previous reply or an assistant message: templates that re-render history (Qwen3 drops
-        <think>) make 'prompt + output' keys miss. A divergence elsewhere (a new system prompt,
-        another conversation) is not drift."""
+        """Where this prompt stops matching what the previous request cached (its prompt, or
+        prompt + output), when this request continues that conversation: templates that re-render
+        history (Qwen3 drops <think>) make the cached ids stop matching (re-tokenisation drift).
+        A continuation is a conversation that starts with the previous one's messages; for
+        token-id requests, one whose divergence lies in the previous request's generated ids."""
         prev, ids = self._last_cached, toks.ids
         if prev is None:
             return None
@@ -287,11 +291,13 @@ class Engine:
         limit = min(len(prev), len(ids))
         while n < limit and prev[n] == ids[n]:
             n += 1
-        if n >= len(prev) or n == 0:
+        if n >= len(prev):
             return None
-        span = toks.span_at(n)
-        in_reply = n >= self._last_prompt_len or (span is not None and span.role == "assistant")
-        return n if in_reply else None
+        before = self._last_messages
+        if toks.messages is not None and before is not None:
+            continues = len(toks.messages) > len(before) and toks.messages[: len(before)] == before
+            return n if continues else None
+        return n if n >= self._last_prompt_len else None
 
     # -- events -----------------------------------------------------------------------------------
     def _event(self, rid, event, tokens, nbytes, entry, detail=None):

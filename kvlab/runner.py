@@ -189,23 +189,30 @@ def _kernel(kernel_name: str | None) -> str:
     return ensure_kernelspec() or "python3"
 
 
-class _preload_env:
-    """Put OpenBLAS in LD_PRELOAD while a kernel starts (kernels inherit os.environ); a kernel spec
-    without the preload (e.g. plain python3) still gets fast BLAS."""
+# Figures in executed notebooks: plotly's JSON for Jupyter plus self-contained HTML (plotly.js
+# inlined once per notebook), so the HTML export shows them offline. PLOTLY_RENDERER overrides.
+PLOTLY_RENDERER = "plotly_mimetype+notebook"
+
+
+class _kernel_env:
+    """Environment the kernel starts with (kernels inherit os.environ): OpenBLAS in LD_PRELOAD, so
+    a kernel spec without the preload (e.g. plain python3) still gets fast BLAS, and the renderer."""
 
     def __enter__(self):
         from ._blas import env_with_fast_blas
 
-        self.old = os.environ.get("LD_PRELOAD")
+        self.old = {k: os.environ.get(k) for k in ("LD_PRELOAD", "PLOTLY_RENDERER")}
         new = env_with_fast_blas().get("LD_PRELOAD")
         if new is not None:
             os.environ["LD_PRELOAD"] = new
+        os.environ.setdefault("PLOTLY_RENDERER", PLOTLY_RENDERER)
 
     def __exit__(self, *exc):
-        if self.old is None:
-            os.environ.pop("LD_PRELOAD", None)
-        else:
-            os.environ["LD_PRELOAD"] = self.old
+        for k, v in self.old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def _describe_failure(err, source_nb, notebook: Path, executed: Path) -> tuple[str, int | None]:
@@ -280,7 +287,7 @@ def run_notebook(path, parameters: Mapping | None = None, out_dir=None, *,
     start = time.perf_counter()
     error, failed_cell = None, None
     try:
-        with _preload_env():
+        with _kernel_env():
             papermill.execute_notebook(
                 str(notebook), str(executed), parameters=params, kernel_name=_kernel(kernel_name),
                 language="python", progress_bar=progress, log_output=log_output,

@@ -197,7 +197,7 @@ def tokenise(model, messages_or_text, *, add_generation_prompt=True, **template_
     """
     tokenizer = _tokenizer_of(model)
     vlm = getattr(model, "tokenise_images", None)
-    if vlm is not None and isinstance(messages_or_text, (list, tuple)) and _has_images(messages_or_text):
+    if vlm is not None and isinstance(messages_or_text, (list, tuple)) and _has_content_lists(messages_or_text):
         return vlm(messages_or_text, add_generation_prompt=add_generation_prompt, **template_kwargs)
     if isinstance(messages_or_text, str):
         ids, offsets = encode_with_offsets(tokenizer, messages_or_text)
@@ -223,10 +223,8 @@ def tokenise(model, messages_or_text, *, add_generation_prompt=True, **template_
                   tuple(sorted(template_kwargs.items())))
 
 
-def _has_images(messages) -> bool:
-    return any(isinstance(m, dict) and isinstance(m.get("content"), list)
-               and any(isinstance(p, dict) and p.get("type") in ("image", "image_url") for p in m["content"])
-               for m in messages)
+def _has_content_lists(messages) -> bool:
+    return any(isinstance(m, dict) and isinstance(m.get("content"), list) for m in messages)
 
 
 def from_ids(ids: Sequence[int], tokenizer=None) -> Tokens:

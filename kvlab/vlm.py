@@ -109,7 +109,8 @@ def load_image(source, where: str = "image"):
             img = Image.open(io.BytesIO(bytes(source)))
         elif hasattr(source, "__array__") or isinstance(source, mx.array):
             arr = np.asarray(source)
-            if arr.dtype != np.uint8 or arr.ndim not in (2, 3) or (arr.ndim == 3 and arr.shape[2] not in (1, 3, 4)):
+            channels = arr.shape[2] if arr.ndim == 3 else 1
+            if arr.dtype != np.uint8 or arr.ndim not in (2, 3) or channels not in (1, 3, 4):
                 raise ImageError(f"{where}: an image array must be uint8 with shape (H, W), (H, W, 3) or "
                                  f"(H, W, 4); got {arr.dtype} {arr.shape}")
             img = Image.fromarray(arr[..., 0] if arr.ndim == 3 and arr.shape[2] == 1 else arr)
@@ -154,6 +155,14 @@ class Pixels(NamedTuple):
     pixel_values: Any
     grid: tuple[int, int, int]
     tokens: int
+
+    def __repr__(self) -> str:
+        t, h, w = self.grid
+        return f"Pixels({self.hash[:12]}, grid {t}x{h}x{w}, {self.tokens} tokens)"
+
+    def _repr_html_(self) -> str:
+        return (f"<div><b>Pixels</b> <code>{self.hash[:16]}</code> · grid {self.grid} · "
+                f"{self.tokens} image tokens · patches {tuple(self.pixel_values.shape)}</div>")
 
 
 def _runs(ids, token_id) -> list[tuple[int, int]]:

@@ -54,6 +54,10 @@ class Block:
     def __repr__(self) -> str:
         return f"Block({self.hash.hex()[:12]}, {len(self.token_ids)} tokens, ref {self.ref_cnt})"
 
+    def _repr_html_(self) -> str:
+        return (f"<code>block {self.id} {self.hash.hex()[:12]}</code> · {len(self.token_ids)} tokens · "
+                f"{self.nbytes} B · ref {self.ref_cnt} · {self.hits} hits")
+
 
 class PagedStore:
     """vLLM-style paged prefix cache (see module docstring).

@@ -31,14 +31,14 @@ def symbols(key: CacheKey) -> tuple:
     tag = None
     marks = sorted(key.extra_keys)
     if key.salt is not None:
-        tag = xxhash.xxh3_64_hexdigest(f"salt:{key.salt}")
+        tag = xxhash.xxh3_64_hexdigest(f"salt:{key.salt}".encode())
     if not marks and tag is None:
         return key.ids
     out, j, seen = [], 0, [] if tag is None else [tag]
     for i, t in enumerate(key.ids):
         while j < len(marks) and marks[j][0] <= i:
             seen.append(str(marks[j][2]))
-            tag = xxhash.xxh3_64_hexdigest("|".join(seen))
+            tag = xxhash.xxh3_64_hexdigest("|".join(seen).encode())
             j += 1
         out.append(t if tag is None else (t, tag))
     return tuple(out)

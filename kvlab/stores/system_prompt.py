@@ -44,6 +44,12 @@ class SystemEntry:
     def nbytes(self) -> int:
         return self.snapshot.nbytes
 
+    def __repr__(self) -> str:
+        return f"SystemEntry(#{self.id} {self.tokens} tokens, {self.nbytes} B, {self.hits} hits)"
+
+    def _repr_html_(self) -> str:
+        return f"<code>{html.escape(repr(self))}</code>"
+
 
 class SystemPromptStore:
     """One cached system prompt (see module docstring). ``budget_bytes`` defaults to 25% of RAM."""

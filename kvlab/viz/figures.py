@@ -517,8 +517,8 @@ def _requests(x) -> list[dict]:
 
 
 def block_states(requests: list[dict], block_size: int) -> list[list[int | None]]:
-    """0 hit, 1 miss, 2 evicted (computed although an earlier request had the same prefix block),
-    None past the prompt. A block is a hit when all of its tokens before the last one are reused
+    """0 hit, 1 miss, 2 evicted (a full block computed although an earlier request had computed the
+    same prefix block), None past the prompt. A block is a hit when all of its tokens before the last one are reused
     (the last token is always computed)."""
     seen: set = set()
     grid = []
@@ -534,12 +534,12 @@ def block_states(requests: list[dict], block_size: int) -> list[list[int | None]
             usable = min(end, n - 1)
             if usable > start and usable <= reused:
                 row.append(0)
-            elif ids is not None and usable > start and hash(ids[:end]) in seen:
+            elif ids is not None and end - start == block_size and hash(ids[:end]) in seen:
                 row.append(2)
             else:
                 row.append(1)
-        if ids is not None:
-            seen.update(hash(ids[: min(n, (b + 1) * block_size)]) for b in range(math.ceil(n / block_size)))
+        if ids is not None:  # only full blocks are cacheable (as in vLLM)
+            seen.update(hash(ids[: (b + 1) * block_size]) for b in range(n // block_size))
         grid.append(row)
     return grid
 

@@ -270,8 +270,9 @@ def test_image_in_text_only_model(tiny):
 
 
 def test_placeholder_count_mismatch(vlm):
+    written = "<|vision_start|><|image_pad|><|vision_end|>"  # image tokens typed into the text
     extra = [{"role": "user", "content": [{"type": "image", "image": _image(17)},
-                                          {"type": "text", "text": "<|vision_start|><|image_pad|><|vision_end|>"}]}]
+                                          {"type": "text", "text": written}]}]
     with pytest.raises(TemplateError, match="2 image placeholders .* for 1 image"):
         kv.tokenise(vlm, extra)
     with pytest.raises(TemplateError, match="0 image placeholders"):
@@ -320,4 +321,6 @@ def test_reprs(vlm):
     assert repr(net).startswith("RequestModel('tiny-vlm'") and "1 images" in repr(net)
     assert "<table>" in net._repr_html_()
     assert repr(toks.images[0]).startswith("ImageRef(")
+    px = vlm.process_image(_image(20))
+    assert repr(px) == f"Pixels({px.hash[:12]}, grid 1x4x6, 6 tokens)" and "<b>Pixels" in px._repr_html_()
     assert os.fspath(vlm.path) in vlm._repr_html_()

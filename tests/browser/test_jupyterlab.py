@@ -1,0 +1,224 @@
+"""The Inspector in a real JupyterLab, driven by headless Debian Chromium through playwright's driver.
+
+Starts `jupyter lab` on a free port with throwaway config/data/runtime dirs (the venv's kernelspecs
+and labextensions stay visible), writes a notebook that runs the tiny model through an Engine
+with an Inspector, runs all cells, then picks request 2 in the Inspector's dropdown and moves the
+budget slider, and checks that the plotly figure and the replay label changed. Screenshot:
+test-artifacts/inspector.png (git-ignored).
+"""
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+import kvlab as kv
+
+pytestmark = pytest.mark.browser
+
+ROOT = Path(__file__).resolve().parents[2]
+CHROMIUM = os.environ.get("KVLAB_CHROMIUM", "/usr/bin/chromium")
+ARTIFACTS = ROOT / "test-artifacts"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic"]
+
+SYSTEM = ("x-anthropic-billing-header: cc_version=2.1.100.7b4; cc_entrypoint=cli; cch={};\n"
+          "You are a careful assistant. Answer briefly and cite the file you read.\n")
+REQUESTS = [
+    [{"role": "system", "content": SYSTEM.format("eb6c6")},
+     {"role": "user", "content": "What does tests/test_app.py check?"}],
+    [{"role": "system", "content": SYSTEM.format("eb6c6")},
+     {"role": "user", "content": "Which function in app.py parses the config file?"}],
+    [{"role": "system", "content": SYSTEM.format("eb6c6")},
+     {"role": "user", "content": "What does tests/test_app.py check?"}],
+]
+
+CELLS = [
+    "import kvlab as kv  # first: loads OpenBLAS before MLX",
+    "engine = kv.Engine(kv.load('tiny'), kv.RadixStore(budget_bytes=64 << 20))\n"
+    "ins = kv.Inspector(engine)\n"
+    "ins",
+    f"requests = {json.dumps(REQUESTS)}\n"
+    "for r in requests:\n"
+    "    engine.run(r, max_tokens=3)\n"
+    "ins.state()['requests']",
+]
+
+PLOTS_JS = """() => Array.from(document.querySelectorAll('.kvlab-inspector .js-plotly-plot')).map(d => ({
+    type: d.data && d.data.length ? d.data[0].type : null,
+    meta: d.layout ? d.layout.meta : null,
+    title: d.layout && d.layout.title ? d.layout.title.text : null,
+    visible: d.offsetParent !== null}))"""
+
+
+IDLE_JS = """() => {
+    const i = document.querySelector('.jp-Notebook-ExecutionIndicator');
+    if (i && i.dataset.status) return i.dataset.status === 'idle';
+    const bar = document.querySelector('.jp-StatusBar-Widget');
+    return !!bar && /\\| Idle/.test(document.querySelector('#jp-main-statusbar').innerText);
+}"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _notebook(path: Path, kernel: str) -> None:
+    nb = {"nbformat": 4, "nbformat_minor": 5,
+          "metadata": {"kernelspec": {"name": kernel, "display_name": kernel, "language": "python"},
+                       "language_info": {"name": "python"}},
+          "cells": [{"cell_type": "code", "id": f"c{i}", "metadata": {}, "execution_count": None,
+                     "outputs": [], "source": src} for i, src in enumerate(CELLS)]}
+    path.write_text(json.dumps(nb))
+
+
+@pytest.fixture
+def lab(tmp_path):
+    """(base url, token, log path) of a JupyterLab serving tmp_path/work."""
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"no Chromium at {CHROMIUM}: apt-get install -y chromium (or set KVLAB_CHROMIUM)")
+    pytest.importorskip("playwright.sync_api", reason="pip install playwright (the driver only; "
+                                                      "never `playwright install`)")
+    jupyter = Path(sys.executable).parent / "jupyter"
+    if not jupyter.exists() or shutil.which("jupyter-lab", path=str(jupyter.parent)) is None:
+        pytest.skip('JupyterLab is not installed in this environment: pip install "kvlab[notebooks]"')
+    venv_share = Path(sys.prefix) / "share" / "jupyter"
+    kernel = "kvlab" if (venv_share / "kernels" / "kvlab" / "kernel.json").exists() else "python3"
+    work = tmp_path / "work"
+    work.mkdir()
+    _notebook(work / "inspector.ipynb", kernel)
+    env = dict(os.environ)
+    for name in ("JUPYTER_CONFIG_DIR", "JUPYTER_DATA_DIR", "JUPYTER_RUNTIME_DIR", "IPYTHONDIR"):
+        env[name] = str(tmp_path / name.lower())
+    env["JUPYTER_PATH"] = os.pathsep.join(filter(None, [str(venv_share), os.environ.get("JUPYTER_PATH")]))
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    env.setdefault("KVLAB_HOME", os.environ.get("KVLAB_HOME", str(ROOT / ".kvlab")))
+    env["JUPYTER_PLATFORM_DIRS"] = "1"
+    # no news/update toasts over the notebook (both would try the network)
+    settings = Path(env["JUPYTER_CONFIG_DIR"]) / "lab" / "user-settings" / "@jupyterlab" / "apputils-extension"
+    settings.mkdir(parents=True)
+    (settings / "notification.jupyterlab-settings").write_text(
+        json.dumps({"fetchNews": "false", "checkForUpdates": False}))
+    port, token = _free_port(), secrets.token_hex(16)
+    log = tmp_path / "jupyter.log"
+    cmd = [str(jupyter), "lab", "--no-browser", "--allow-root", "--ip=127.0.0.1", f"--port={port}",
+           f"--ServerApp.token={token}", f"--ServerApp.root_dir={work}",
+           "--ServerApp.port_retries=0", "--LabApp.news_url=None"]
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=work,
+                                start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.time() > deadline:
+                pytest.fail(f"JupyterLab did not start:\n{log.read_text()[-3000:]}")
+            time.sleep(0.5)
+        yield base, token, log
+    finally:
+        # the server runs in its own session: stop it and the kernel it started, by that group id
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=15)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def _plots(page, kind: str):
+    return [p for p in page.evaluate(PLOTS_JS) if p["type"] == kind]
+
+
+def test_inspector_renders_and_reacts_in_jupyterlab(lab, qwen_tokenizer):
+    from playwright.sync_api import sync_playwright
+
+    base, token, log = lab
+    expected = kv.diverge(kv.tokenise(qwen_tokenizer, REQUESTS[0]),
+                          kv.tokenise(qwen_tokenizer, REQUESTS[1])).token_index
+    ARTIFACTS.mkdir(exist_ok=True)
+    errors: list[str] = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1100})
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.goto(f"{base}/lab/tree/inspector.ipynb?token={token}", timeout=60_000)
+            page.locator(".jp-Notebook .jp-Cell").first.wait_for(timeout=60_000)
+            # JupyterLab may start and replace a kernel while it opens the notebook; cells queued
+            # meanwhile are dropped, so wait for an idle kernel that stays idle
+            page.wait_for_function(IDLE_JS, timeout=60_000)
+            page.wait_for_timeout(1500)
+            page.wait_for_function(IDLE_JS, timeout=60_000)
+            page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
+            page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
+
+            app = page.locator(".kvlab-inspector")
+            try:
+                app.first.wait_for(timeout=60_000)
+                app.locator(".widget-html-content", has_text="3 requests").first.wait_for(timeout=90_000)
+            except Exception:
+                page.screenshot(path=str(ARTIFACTS / "inspector-failed.png"))
+                raise AssertionError(f"the Inspector did not render; page errors {errors}; "
+                                     f"server log:\n{log.read_text()[-3000:]}") from None
+            page.wait_for_function(
+                "() => Array.from(document.querySelectorAll('.kvlab-inspector .js-plotly-plot'))"
+                ".some(d => d.data && d.data.length && d.data[0].type === 'icicle' && d.data[0].values"
+                " && d.data[0].values.length > 1)", timeout=30_000)
+            tree = _plots(page, "icicle")[0]
+            assert tree["visible"] and "nodes" in tree["title"]
+
+            # the divergence tab: request 3 repeats request 1, so no token differs
+            app.locator(".lm-TabBar-tab", has_text="divergence").first.click()
+            div_js = ("() => Array.from(document.querySelectorAll('.kvlab-inspector .js-plotly-plot'))"
+                      ".filter(d => d.layout && d.layout.meta && 'token_index' in d.layout.meta)"
+                      ".map(d => d.layout.meta.token_index)")
+            page.wait_for_function(div_js + ".length > 0", timeout=30_000)
+            assert page.evaluate(div_js) == [None]
+
+            # pick request 2 in the dropdown, as a user would
+            select = app.locator(".widget-dropdown", has=page.locator("label", has_text="request")).locator("select")
+            select.select_option(index=1)
+            page.wait_for_function(div_js + f"[0] === {expected}", timeout=30_000)
+            title = [p for p in page.evaluate(PLOTS_JS) if p["meta"] and "token_index" in p["meta"]][0]["title"]
+            assert f"first difference at token {expected}" in title
+            assert app.locator(".widget-html-content", has_text="against #1").count() >= 1
+
+            # the budget slider to its minimum (1 KB): nothing fits, the replayed hit rate drops to 0
+            sim = app.locator(".kv-sim").first
+            live_rate = sim.inner_text()
+            assert live_rate != "0.0%"
+            handle = app.locator(".widget-hslider .noUi-handle").first
+            handle.focus()
+            handle.press("Home")
+            page.wait_for_function(
+                "() => { const s = document.querySelector('.kvlab-inspector .kv-sim');"
+                " return s && s.textContent === '0.0%'; }", timeout=30_000)
+
+            page.wait_for_timeout(500)  # let plotly finish its transition before the picture
+            app.first.screenshot(path=str(ARTIFACTS / "inspector.png"))
+            for tab in ("tree", "memory", "requests", "blocks", "budget"):
+                app.locator(".lm-TabBar-tab", has_text=tab).first.click()
+                page.wait_for_timeout(400)
+                app.first.screenshot(path=str(ARTIFACTS / f"inspector-{tab}.png"))
+        finally:
+            browser.close()
+    assert not [e for e in errors if "kvlab" in e or "plotly" in e.lower()], errors

@@ -1,0 +1,232 @@
+"""The Engine: exact hits still give logits, keyings, drift, verify, events, stats, checkpoints for
+non-trimmable caches, and clear errors. Tiny float32 models: cached vs cold logits within TOL."""
+
+import pytest
+
+import kvlab as kv
+from kvlab.errors import BudgetError, KvlabError, RequestError, SnapshotError
+from kvlab.workloads import Request
+
+pytestmark = pytest.mark.model
+
+TOL = 1e-4  # float32 tiny models; measured ~1e-5 (the prompt is split into different forward passes)
+
+
+@pytest.fixture(scope="module")
+def tiny_hybrid():
+    """lfm2 with conv (ArraysCache) and attention layers: its cache cannot be trimmed."""
+    return kv.load("tiny-hybrid")
+
+
+@pytest.fixture(scope="module")
+def conversation():
+    return list(kv.workloads.multi_turn(turns=3))
+
+
+def prompt_lengths(model, requests):
+    return [len(kv.tokenise(model, list(r.messages)).ids) for r in requests]
+
+
+# -- hits -----------------------------------------------------------------------------------------
+
+def test_exact_hit_recomputes_the_last_token(tiny, conversation):
+    engine = kv.Engine(tiny, kv.RadixStore(), verify=True)
+    first = engine.run(conversation[0], max_tokens=6)
+    again = engine.run(conversation[0], max_tokens=6)
+    n = first.prompt_tokens
+    assert (again.match, again.reused_tokens, again.prefilled_tokens) == ("exact", n - 1, 1)
+    assert again.output_ids == first.output_ids  # seed 001's bug: an exact hit must still decode
+    assert again.verify_diff <= TOL
+    assert engine.store.entries == 1  # the identical insert refreshed the entry
+
+
+def test_no_store_is_the_cold_baseline(tiny, conversation):
+    engine = kv.Engine(tiny)
+    r = engine.run(conversation[0], max_tokens=2)
+    assert (r.reused_tokens, r.match, r.why) == (0, "miss", "no store")
+    assert engine.stats()["bytes"] == 0 and engine.events["event"].to_list() == ["lookup", "miss"]
+
+
+def test_verify_off_records_nothing(tiny, conversation):
+    engine = kv.Engine(tiny, kv.RadixStore())
+    assert all(engine.run(r, max_tokens=1).verify_diff is None for r in conversation[:2])
+
+
+# -- keyings and drift ----------------------------------------------------------------------------
+
+def test_prompt_keying_stores_prompts_only(tiny, conversation):
+    engine = kv.Engine(tiny, kv.RadixStore(), keying="prompt")
+    r = engine.run(conversation[0], max_tokens=5)
+    entries = engine.store.entries_frame()
+    assert entries["tokens"].to_list() == [r.prompt_tokens] and entries["kind"].to_list() == ["prompt"]
+
+
+def test_prompt_output_keying_stores_generated_tokens(tiny, conversation):
+    engine = kv.Engine(tiny, kv.RadixStore(), keying="prompt+output", verify=True)
+    r = engine.run(conversation[0], max_tokens=5)
+    entries = engine.store.entries_frame()
+    # mlx-lm's generate_step feeds each token before yielding it, so all 5 have KV
+    assert entries["tokens"].to_list() == [r.prompt_tokens + len(r.output_ids)]
+    assert entries["kind"].to_list() == ["prompt+output"]
+    # the same prompt again: the cached entry extends it (trimmed to n-1)
+    again = engine.run(conversation[0], max_tokens=1)
+    assert (again.match, again.reused_tokens) == ("supersequence", r.prompt_tokens - 1)
+    assert again.verify_diff <= TOL
+
+
+def test_think_stripping_is_recorded_as_drift(tiny):
+    """Qwen3's template drops <think>…</think> from assistant turns before the last user message,
+    so the next turn's rendering of a reply differs from the ids that were cached."""
+    system = {"role": "system", "content": "Be brief."}
+    user = {"role": "user", "content": "What is 2+2?"}
+    reply = {"role": "assistant", "content": "<think>\nAdd them.\n</think>\n\nFour."}
+    turn2 = [system, user, reply, {"role": "user", "content": "And 3+3?"}]
+    engine = kv.Engine(tiny, kv.RadixStore(), keying="prompt+output", verify=True)
+    r1 = engine.run([system, user, reply], max_tokens=3)
+    r2 = engine.run(turn2, max_tokens=1)
+    where = len(kv.tokenise(tiny, [system, user]).ids)  # right after "<|im_start|>assistant\n"
+    assert r1.drift_index is None
+    assert r2.drift_index == where == r2.reused_tokens
+    cached = kv.tokenise(tiny, [system, user, reply]).ids
+    assert tiny.tokenizer.decode([cached[where]]) == "<think>"
+    assert r2.verify_diff <= TOL
+
+
+def test_no_drift_when_history_is_prefix_stable(tiny, conversation):
+    engine = kv.Engine(tiny, kv.RadixStore())
+    assert [engine.run(r, max_tokens=1).drift_index for r in conversation] == [None, None, None]
+
+
+def test_a_new_system_prompt_is_not_drift(tiny):
+    wl = kv.workloads.agentic_loop(turns=2, system_tokens=100, tools=1, result_tokens=20)
+    engine = kv.Engine(tiny, kv.RadixStore(), keying="prompt+output")
+    assert [engine.run(r, max_tokens=1).drift_index for r in wl] == [None, None]
+
+
+# -- events, stats, results -----------------------------------------------------------------------
+
+def test_events_and_stats(tiny, conversation):
+    engine = kv.Engine(tiny, kv.RadixStore())
+    seen = []
+    engine.on_result(lambda e, r: seen.append(r.request_id))
+    results = [engine.run(r, max_tokens=2) for r in conversation]
+    ev = engine.events
+    assert ev.columns == ["request", "event", "tokens", "bytes", "entry", "t", "detail"]
+    assert ev["event"].to_list() == ["lookup", "miss", "insert",
+                                     "lookup", "hit", "insert", "evict",
+                                     "lookup", "hit", "insert", "evict"]
+    assert ev["request"].to_list() == [1] * 3 + [2] * 4 + [3] * 4
+    assert ev["t"].is_sorted()
+    assert ev.filter(ev["event"] == "evict")["detail"].to_list() == ["subsumed", "subsumed"]
+    hits = ev.filter(ev["event"] == "hit")["tokens"].to_list()
+    assert hits == [r.reused_tokens for r in results[1:]]
+    inserts = ev.filter(ev["event"] == "insert")
+    assert inserts["tokens"].to_list() == [r.prompt_tokens for r in results]
+    assert inserts["bytes"][-1] == engine.store.nbytes
+
+    n = prompt_lengths(tiny, conversation)
+    s = engine.stats()
+    assert s["token_hit_rate"] == (n[0] + n[1]) / sum(n)   # vLLM's: reused tokens / prompt tokens
+    assert s["request_hit_rate"] == 2 / 3                   # vllm-mlx's: requests with any reuse
+    assert (s["requests"], s["entries"], s["evictions"], s["bytes"]) == (3, 1, 0, engine.store.nbytes)
+    assert seen == [1, 2, 3]
+    frame = engine.results_frame()
+    assert frame.height == 3 and frame["reused_tokens"].to_list() == [0, n[0], n[1]]
+    assert "token hit" in repr(engine) and "<table>" in engine._repr_html_()
+    assert repr(results[1]).startswith("Result(#2 prefix") and "reused" in results[1]._repr_html_()
+
+
+# -- non-trimmable caches: checkpoints ------------------------------------------------------------
+
+def test_hybrid_checkpoints_serve_prefix_and_exact_hits(tiny_hybrid, conversation):
+    engine = kv.Engine(tiny_hybrid, kv.RadixStore(), verify=True)
+    assert engine.checkpoints and not engine.trimmable
+    results = [engine.run(r, max_tokens=2) for r in conversation]
+    n = prompt_lengths(tiny_hybrid, conversation)
+    assert [r.reused_tokens for r in results] == [0, n[0], n[1]]
+    again = engine.run(conversation[2], max_tokens=2)
+    # the entry for the whole prompt cannot drop its last token; the checkpoint at n-1 serves it
+    assert again.reused_tokens == n[2] - 1
+    assert "cannot be trimmed" in again.why and f"reused the checkpoint at {n[2] - 1}" in again.why
+    assert again.output_ids == results[2].output_ids
+    assert all(r.verify_diff <= TOL for r in results + [again])
+    kinds = engine.store.entries_frame()["kind"].to_list()
+    assert "checkpoint" in kinds and not any(engine.store.entries_frame()["trimmable"].to_list())
+
+
+def test_hybrid_without_checkpoints_says_why(tiny_hybrid, conversation):
+    engine = kv.Engine(tiny_hybrid, kv.RadixStore(), checkpoints=False)
+    for r in conversation:
+        engine.run(r, max_tokens=1)
+    again = engine.run(conversation[2], max_tokens=1)
+    n = prompt_lengths(tiny_hybrid, conversation)
+    assert again.reused_tokens == n[1]  # the previous prompt's entry, not n-1
+    assert "cannot be trimmed" in again.why and "layer 0 is ArraysCache" in again.why
+
+
+def test_hybrid_shared_system_prompt_reuses_the_boundary_checkpoint(tiny_hybrid):
+    wl = kv.workloads.shared_system_prompt(num_users=2, system_tokens=100, tools=1)
+    engine = kv.Engine(tiny_hybrid, kv.RadixStore(), verify=True)
+    a, b = (engine.run(r, max_tokens=1) for r in wl)
+    cut = kv.split_at_boundary(kv.tokenise(tiny_hybrid, list(wl[1].messages))).index
+    assert (a.reused_tokens, b.reused_tokens) == (0, cut)
+    assert "cannot be trimmed" in b.why and b.verify_diff <= TOL
+
+
+def test_hybrid_system_prompt_store(tiny_hybrid):
+    wl = kv.workloads.shared_system_prompt(num_users=2, system_tokens=100, tools=1)
+    engine = kv.Engine(tiny_hybrid, kv.SystemPromptStore(), verify=True)
+    results = [engine.run(r, max_tokens=1) for r in wl]
+    cut = kv.split_at_boundary(kv.tokenise(tiny_hybrid, list(wl[0].messages))).index
+    assert [r.reused_tokens for r in results] == [0, cut]
+    assert engine.store.entry.tokens == cut and results[1].verify_diff <= TOL
+
+
+# -- clear errors ---------------------------------------------------------------------------------
+
+def test_snapshot_from_another_model(tiny, tiny_hybrid, tmp_path):
+    logits, cache = kv.prefill(tiny, [1, 2, 3, 4])
+    path = kv.save(kv.snapshot(cache, model=tiny), tmp_path / "s.safetensors", tokens=[1, 2, 3, 4])
+    with pytest.raises(SnapshotError, match="not by the model you passed"):
+        kv.load_snapshot(path, tiny_hybrid)
+    # a store filled by one model and read by another
+    store = kv.RadixStore()
+    msgs = [{"role": "user", "content": "Name three colours, please."}]
+    kv.Engine(tiny, store).run(msgs, max_tokens=1)
+    with pytest.raises(SnapshotError, match="KV made by model .* give each model its own store"):
+        kv.Engine(tiny_hybrid, store).run(msgs, max_tokens=1)
+
+
+def test_request_longer_than_the_context(tiny):
+    engine = kv.Engine(tiny, kv.RadixStore())
+    with pytest.raises(RequestError, match=r"request of 4096 tokens \+ 8 to generate exceeds the "
+                                           r"model's context of 4096 tokens"):
+        engine.run(Request(ids=tuple(range(100, 4196))), max_tokens=8)
+    assert engine.results == []
+
+
+@pytest.mark.parametrize("empty", [[], "", ()])
+def test_empty_request(tiny, empty):
+    with pytest.raises(RequestError, match="empty request"):
+        kv.Engine(tiny).run(empty)
+
+
+def test_empty_workload_request_and_bad_inputs(tiny):
+    with pytest.raises(RequestError, match="ids is empty"):
+        Request(ids=())
+    with pytest.raises(RequestError, match="cannot run a int"):
+        kv.Engine(tiny).run(42)
+    with pytest.raises(KvlabError, match="keying must be one of"):
+        kv.Engine(tiny, keying="output")
+
+
+def test_budget_smaller_than_one_entry(tiny, conversation):
+    with pytest.raises(BudgetError, match=r"radix: one entry needs \d+ bytes but the budget is 4096 "
+                                          r"bytes; raise budget_bytes"):
+        kv.Engine(tiny, kv.RadixStore(budget_bytes=4096)).run(conversation[0], max_tokens=1)
+    with pytest.raises(BudgetError, match=r"system_prompt: one entry needs \d+ bytes"):
+        kv.Engine(tiny, kv.SystemPromptStore(budget_bytes=4096)).run(conversation[0], max_tokens=1)
+    with pytest.raises(BudgetError, match="must be a positive int"):
+        kv.RadixStore(budget_bytes=0)
+    with pytest.raises(BudgetError, match="num_blocks must be a positive int"):
+        kv.PagedStore(num_blocks=0)
