@@ -21,8 +21,8 @@ from mlx_lm.generate import generate_step
 
 from . import _blas
 from .errors import KvlabError, NotTrimmableError, RequestError, SnapshotError
-from .snapshots import PREFILL_STEP, make_cache, non_trimmable_layers, prefill, restore, snapshot, trim
-from .stores.base import MISS, CacheKey, Match
+from .snapshots import advance, make_cache, non_trimmable_layers, prefill, restore, snapshot, trim
+from .stores.base import MISS, CacheKey
 from .tokens import Tokens, from_ids, tokenise
 
 KEYINGS = ("prompt", "prompt+output")
@@ -249,18 +249,11 @@ class Engine:
         return *self._forward(ids[pos:], cache), checkpoints
 
     def _advance(self, ids, cache) -> None:
-        """Run ids into cache without the vocabulary projection (mlx-lm's generate_step prefill
-        does the same: with a 150k vocabulary, logits for every position dominate small models)."""
-        net = getattr(self._runner, "model", self._runner)
-        for s in range(0, len(ids), PREFILL_STEP):
-            net(mx.array(ids[s:s + PREFILL_STEP])[None], cache=cache)
-            mx.eval([c.state for c in cache])
+        advance(self._runner, ids, cache)
 
     def _forward(self, ids, cache):
         """(last-position logits, cache) after running ids into cache."""
-        cache = make_cache(self.model) if cache is None else cache
-        self._advance(ids[:-1], cache)
-        return prefill(self._runner, ids[-1:], cache)
+        return prefill(self._runner, ids, make_cache(self.model) if cache is None else cache)
 
     def _decode(self, first: int, cache, max_tokens: int) -> list[int]:
         out = [first]

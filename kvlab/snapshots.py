@@ -231,9 +231,19 @@ def make_cache(model) -> list:
     return mlx_cache.make_prompt_cache(_module(model))
 
 
-def prefill(model, ids, cache=None, *, step: int = PREFILL_STEP, all_logits: bool = False):
-    """Run ``ids`` through the model on top of ``cache`` in steps of ``step`` tokens (as mlx-lm's
-    prefill does). Returns (last-position logits as float32 [vocab], cache); with
+def advance(model, ids, cache) -> list:
+    """Run ``ids`` into ``cache`` without computing logits (as mlx-lm's generate_step prefill
+    does: with a 150k vocabulary the output projection of every position dominates small models)."""
+    net = _module(model)
+    for start in range(0, len(ids), PREFILL_STEP):
+        net(mx.array(list(ids[start : start + PREFILL_STEP]))[None], cache=cache)
+        mx.eval([c.state for c in cache])
+    return cache
+
+
+def prefill(model, ids, cache=None, *, all_logits: bool = False):
+    """Run ``ids`` through the model on top of ``cache`` in steps of PREFILL_STEP tokens (as
+    mlx-lm's prefill does). Returns (last-position logits as float32 [vocab], cache); with
     ``all_logits=True`` the logits of every position of ``ids`` ([len(ids), vocab]).
 
     Example:
@@ -244,18 +254,16 @@ def prefill(model, ids, cache=None, *, step: int = PREFILL_STEP, all_logits: boo
         raise SnapshotError("prefill needs at least one token id")
     net = _module(model)
     cache = make_cache(model) if cache is None else cache
+    if not all_logits:
+        advance(model, ids[:-1], cache)
+        logits = net(mx.array(ids[-1:])[None], cache=cache)[0, -1].astype(mx.float32)
+        mx.eval(logits, [c.state for c in cache])
+        return logits, cache
     pieces = []
-    for start in range(0, len(ids), step):
-        chunk = mx.array(ids[start : start + step])[None]
-        out = net(chunk, cache=cache)
-        last = start + step >= len(ids)
-        if all_logits:
-            pieces.append(out[0].astype(mx.float32))
-        elif last:
-            pieces.append(out[0, -1].astype(mx.float32))
-        mx.eval(pieces[-1] if pieces else out, [c.state for c in cache])
-    logits = mx.concatenate(pieces, axis=0) if all_logits else pieces[-1]
-    return logits, cache
+    for start in range(0, len(ids), PREFILL_STEP):
+        pieces.append(net(mx.array(ids[start : start + PREFILL_STEP])[None], cache=cache)[0].astype(mx.float32))
+        mx.eval(pieces[-1], [c.state for c in cache])
+    return mx.concatenate(pieces, axis=0), cache
 
 
 # ---- files -------------------------------------------------------------------------------------

@@ -82,6 +82,15 @@ def _visible(s: str, n: int | None = None) -> str:
     return html.escape(s, quote=False)
 
 
+def fmt_bytes(n: float) -> str:
+    """1536 -> '1.5 KiB'."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} B" if unit == "B" else f"{n:.3g} {unit}"
+        n /= 1024
+    return f"{n:.3g} GiB"
+
+
 def _discrete(colours: Sequence[str]) -> list:
     """A colorscale of equal bands, one per colour (for integer-coded heatmaps)."""
     k = len(colours)
@@ -171,7 +180,10 @@ def prefix_tree(store_or_frame, tokenizer=None, color: str = "hits", *, label_ch
     n = frame.height
     if n == 0:
         return _empty("prefix tree", "the store is empty: run a request")
-    col = lambda name, default: frame[name].to_list() if name in frame.columns else [default] * n  # noqa: E731
+
+    def col(name, default):
+        return frame[name].to_list() if name in frame.columns else [default] * n
+
     node_ids = [str(i) for i in frame["id"].to_list()]
     known = set(node_ids)
     parents = ["" if p is None else str(p) for p in frame["parent"].to_list()]
@@ -307,9 +319,9 @@ def memory_over_time(events, budget_bytes: int | None = None, *, by: str = "kind
                                             "<extra></extra>")))
     if budget_bytes:
         fig.add_hline(y=budget_bytes, line=dict(dash="dash", color=COLORS["budget"]),
-                      annotation_text=f"budget {budget_bytes / 2**20:.2f} MiB",
+                      annotation_text=f"budget {fmt_bytes(budget_bytes)}",
                       annotation_position="top left")
-    fig.update_layout(title=f"{title} · now {total[-1] / 2**20:.2f} MiB · peak {max(total) / 2**20:.2f} MiB"
+    fig.update_layout(title=f"{title} · now {fmt_bytes(total[-1])} · peak {fmt_bytes(max(total))}"
                       f" · {len(out)} removals", xaxis_title="time since engine start (s)",
                       yaxis_title="bytes", height=380, margin=dict(t=40, l=60, r=10, b=40),
                       meta={"budget_bytes": budget_bytes}, legend=dict(orientation="h", y=-0.2))
@@ -408,7 +420,8 @@ def divergence(a, b, tokenizer=None, *, volatile=True, window: int = 400,
     from ..divergence import diverge
 
     if tokenizer is None:
-        tokenizer = _tokenizer(a) if isinstance(a, Tokens) else _tokenizer(b) if isinstance(b, Tokens) else None
+        carrier = a if isinstance(a, Tokens) else b if isinstance(b, Tokens) else None
+        tokenizer = _tokenizer(carrier)
     ta, tb = _as_tokens(a, tokenizer, "a"), _as_tokens(b, tokenizer, "b")
     d = diverge(ta, tb)
     idx, common = d.token_index, d.common
@@ -518,8 +531,8 @@ def _requests(x) -> list[dict]:
 
 def block_states(requests: list[dict], block_size: int) -> list[list[int | None]]:
     """0 hit, 1 miss, 2 evicted (a full block computed although an earlier request had computed the
-    same prefix block), None past the prompt. A block is a hit when all of its tokens before the last one are reused
-    (the last token is always computed)."""
+    same prefix block), None past the prompt. A block is a hit when all of its tokens before the
+    prompt's last one are reused (the last token is always computed)."""
     seen: set = set()
     grid = []
     width = max((math.ceil(r["prompt"] / block_size) for r in requests), default=0)

@@ -22,14 +22,14 @@ import plotly.graph_objects as go
 import polars as pl
 
 from . import VizError, require
-from .figures import (block_grid, divergence, hit_ratio_curves, memory_over_time, prefix_tree,
-                      tokens_from_ids)
+from .figures import (block_grid, divergence, fmt_bytes, hit_ratio_curves, memory_over_time,
+                      prefix_tree)
 
 widgets = require("ipywidgets", "kv.Inspector")
 require("anywidget", "plotly's FigureWidget")
 
 AGAINST = ("closest earlier request", "previous request", "entry it reused")
-MB = 2**20
+MiB = 2**20
 
 
 # ------------------------------------------------------------------------------- replay (no model)
@@ -107,8 +107,15 @@ def _rates(prompts, reused) -> dict:
 
 # ------------------------------------------------------------------------------------ FigureWidget
 
-def _sync(fw: go.FigureWidget, fig: go.Figure) -> None:
-    """Make ``fw`` show ``fig``: restyle traces in place when the structure is unchanged."""
+def _sync(fw: go.FigureWidget, fig: go.Figure, width: int | None = None) -> None:
+    """Make ``fw`` show ``fig``: restyle traces in place when the structure is unchanged, and
+    relayout with only the layout's own keys (assigning ``fw.layout`` would resend the template
+    and leave the old annotations/shapes in the browser)."""
+    new = fig.layout.to_plotly_json()
+    new.pop("template", None)
+    if width:
+        new["width"] = width
+    old = fw.layout.to_plotly_json()
     with fw.batch_update():
         same = len(fw.data) == len(fig.data) and all(a.type == b.type for a, b in zip(fw.data, fig.data))
         if same:
@@ -119,21 +126,29 @@ def _sync(fw: go.FigureWidget, fig: go.Figure) -> None:
         else:
             fw.data = ()
             fw.add_traces(list(fig.data))
-        fw.layout = fig.layout
+        for key in old.keys() - new.keys() - {"template"}:
+            fw.layout[key] = None
+        fw.layout.update(new, overwrite=True)
 
 
-def _table(results) -> go.Figure:
-    cols = ["#", "match", "reused / prompt", "reuse", "TTFT ms", "prefill ms", "evictions", "why"]
-    rows = [[r.request_id, r.match, f"{r.reused_tokens} / {r.prompt_tokens}", f"{r.reuse_ratio:.0%}",
-             round(r.ttft_s * 1e3, 1), round(r.prefill_s * 1e3, 1), r.evictions,
-             html.escape(r.why or "")] for r in results]
-    values = [list(c) for c in zip(*rows)] if rows else [[] for _ in cols]
-    fig = go.Figure(go.Table(header=dict(values=[f"<b>{c}</b>" for c in cols], align="left"),
-                             cells=dict(values=values, align="left"),
-                             columnwidth=[30, 70, 90, 50, 60, 60, 60, 300]))
-    fig.update_layout(title=f"{len(rows)} requests", height=max(200, 80 + 28 * min(len(rows), 14)),
-                      margin=dict(t=40, l=10, r=10, b=10))
-    return fig
+TABLE_COLUMNS = ("#", "match", "reused / prompt", "reuse", "TTFT ms", "prefill ms", "evictions", "why")
+
+
+def _table_rows(results) -> list[list]:
+    return [[r.request_id, r.match, f"{r.reused_tokens} / {r.prompt_tokens}", f"{r.reuse_ratio:.0%}",
+             round(r.ttft_s * 1e3, 1), round(r.prefill_s * 1e3, 1), r.evictions, r.why or ""]
+            for r in results]
+
+
+def _table_html(rows: list[list]) -> str:
+    """The requests as an HTML table (a plotly Table drawn in a hidden tab loses its text)."""
+    cell = "padding:2px 8px;border-bottom:1px solid #e5e5e5;text-align:left"
+    head = "".join(f"<th style='{cell};background:#f2f2f2'>{html.escape(c)}</th>" for c in TABLE_COLUMNS)
+    body = "".join("<tr>" + "".join(f"<td style='{cell}'>{html.escape(str(v))}</td>" for v in row)
+                   + "</tr>" for row in rows)
+    return (f"<div style='max-height:360px;overflow:auto'><b>{len(rows)} requests</b>"
+            f"<table class='kv-requests' style='border-collapse:collapse;font-size:12px'>"
+            f"<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>")
 
 
 # --------------------------------------------------------------------------------------- Inspector
@@ -144,7 +159,9 @@ class Inspector:
     recorded requests would get under another budget (the slider above the tabs).
 
     ``block_size``: replay in blocks of this size with ``kv.simulate`` (default: the store's
-    ``block_size`` if it has one, else whole entries like RadixStore).
+    ``block_size`` if it has one, else whole entries like RadixStore). ``budget_mb``: the slider's
+    start in MiB (default: the store's budget). ``width``: figure width in pixels (None: plotly's
+    default; figures drawn in hidden tabs cannot measure their container).
 
     Example:
         >>> ins = kv.Inspector(engine)
@@ -152,7 +169,7 @@ class Inspector:
     """
 
     def __init__(self, engine, *, block_size: int | None = None, budget_mb: float | None = None,
-                 tokenizer=None):
+                 tokenizer=None, width: int | None = 900):
         if not hasattr(engine, "on_result") or not hasattr(engine, "results"):
             raise VizError(f"Inspector needs a kv.Engine, got {type(engine).__name__}")
         self.engine = engine
@@ -165,18 +182,21 @@ class Inspector:
         self._replay_n = -1
         self._curve_key = None
         store_budget = getattr(self.store, "budget_bytes", None)
-        start = budget_mb if budget_mb is not None else (store_budget or 64 * MB) / MB
+        start = budget_mb if budget_mb is not None else (store_budget or 64 * MiB) / MiB
         if not start or start <= 0:
-            raise VizError(f"budget_mb must be a positive number of megabytes, got {budget_mb!r}")
+            raise VizError(f"budget_mb must be a positive number of MiB (2**20 bytes), got {budget_mb!r}")
 
         W = widgets
-        self.figs = {name: go.FigureWidget() for name in ("tree", "memory", "requests", "divergence",
-                                                           "blocks", "budget")}
+        self.width = width
+        self.figs = {name: go.FigureWidget() for name in ("tree", "memory", "divergence", "blocks",
+                                                           "budget")}
+        self.table = W.HTML(_table_html([]))
+        self._rows: list[list] = []
         self.header = W.HTML()
         self.error = W.HTML()
         self.budget = W.FloatLogSlider(
             value=start, base=10, min=min(-3, math.floor(math.log10(start))),
-            max=max(0, math.ceil(math.log10(start)) + 1), step=0.05, description="budget MB",
+            max=max(0, math.ceil(math.log10(start)) + 1), step=0.05, description="budget MiB",
             continuous_update=False, readout_format=".3g", layout=W.Layout(width="420px"))
         modes = [("whole entries, LRU (RadixStore)", "entries")]
         modes.append((f"{self.block_size or 16}-token blocks, LRU (kv.simulate)", "blocks"))
@@ -192,7 +212,7 @@ class Inspector:
         self.tabs = W.Tab(children=[
             W.VBox([self.color, self.figs["tree"]]),
             self.figs["memory"],
-            self.figs["requests"],
+            self.table,
             W.VBox([W.HBox([self.request, self.against]), self.reuse, self.figs["divergence"]]),
             self.figs["blocks"],
             self.figs["budget"],
@@ -235,7 +255,7 @@ class Inspector:
         self.header.value = (
             f"<b>kvlab Inspector</b> · {s['requests']} requests · token hit "
             f"<b>{s['token_hit_rate']:.1%}</b> · request hit <b>{s['request_hit_rate']:.1%}</b> · "
-            f"{s['entries']} entries · {s['bytes'] / MB:.2f} MiB · {s['evictions']} evictions")
+            f"{s['entries']} entries · {fmt_bytes(s['bytes'])} · {s['evictions']} evictions")
         options = [(f"#{r.request_id} {r.match} {r.reused_tokens}/{r.prompt_tokens}", r.request_id)
                    for r in results]
         follow = self.request.value is None or (len(self.request.options) > 0
@@ -249,11 +269,14 @@ class Inspector:
         finally:
             self._quiet = False
         self._draw_tree()
-        _sync(self.figs["memory"], memory_over_time(self.engine.events, self._budget_bytes()))
-        _sync(self.figs["requests"], _table(results))
-        _sync(self.figs["blocks"], block_grid(results, self.block_size or 16))
+        self._rows = _table_rows(results)
+        self.table.value = _table_html(self._rows)
+        self._show("blocks", block_grid(results, self.block_size or 16))
         self._draw_divergence()
         self._draw_budget()
+
+    def _show(self, name: str, fig: go.Figure) -> None:
+        _sync(self.figs[name], fig, self.width)
 
     def _draw_tree(self) -> None:
         if self.store is None or not any(hasattr(self.store, m) for m in ("tree_frame", "blocks_frame")):
@@ -261,27 +284,25 @@ class Inspector:
             fig.update_layout(title="this engine has no store with a tree to show", height=200)
         else:
             fig = prefix_tree(self.store, self.tokenizer, self.color.value)
-        _sync(self.figs["tree"], fig)
+        self._show("tree", fig)
 
     def _budget_bytes(self) -> int:
-        return int(self.budget.value * MB)
+        return int(self.budget.value * MiB)
 
     def _draw_budget(self) -> None:
         budget = self._budget_bytes()
-        fw = self.figs["memory"]
-        if fw.layout.meta is not None or len(fw.data):
-            _sync(fw, memory_over_time(self.engine.events, budget))
+        self._show("memory", memory_over_time(self.engine.events, budget))
         live = self.engine.stats()
         sim = self.resimulate(budget)
         mode = self.mode.label
         store_budget = getattr(self.store, "budget_bytes", None)
-        live_at = f" (store budget {store_budget / MB:.3g} MB)" if store_budget else ""
+        live_at = f" (store budget {fmt_bytes(store_budget)})" if store_budget else ""
         if sim is None:
             self.sim_label.value = ("<i>budget replay: no entry has been stored yet, "
                                     "so the bytes per token are unknown</i>")
         else:
             self.sim_label.value = (
-                f"replayed {len(self.engine.results)} requests at <b>{budget / MB:.3g} MB</b> "
+                f"replayed {len(self.engine.results)} requests at <b>{fmt_bytes(budget)}</b> "
                 f"({html.escape(mode)}): token hit <b class='kv-sim'>{sim['token_hit_rate']:.1%}</b>, "
                 f"request hit {sim['request_hit_rate']:.1%} · live{live_at}: token hit "
                 f"<b>{live['token_hit_rate']:.1%}</b>, request hit {live['request_hit_rate']:.1%}")
@@ -291,37 +312,39 @@ class Inspector:
         bpt = self.bytes_per_token()
         prompts = [r.prompt_ids for r in self.engine.results]
         if sim is None or not prompts:
-            _sync(self.figs["budget"], go.Figure(layout=dict(title="budget replay: no data yet",
+            self._show("budget", go.Figure(layout=dict(title="budget replay: no data yet",
                                                              height=200)))
             return
         key = (len(prompts), self.mode.value, bpt)
         if key != self._curve_key:
-            lo = max(1, min(len(p) for p in prompts) * bpt / 4)
-            hi = max(sum(len(p) for p in prompts) * bpt * 1.5, lo * 10)
+            # from the slider's floor to past everything (and the store's budget): the whole story
+            lo = min(10 ** self.budget.min * MiB, min(len(p) for p in prompts) * bpt / 4)
+            hi = max(sum(len(p) for p in prompts) * bpt * 1.5, lo * 10,
+                     getattr(self.store, "budget_bytes", 0) or 0)
             budgets = [lo * (hi / lo) ** (k / 23) for k in range(24)]
-            rows = [{"budget_mb": b / MB, **{k: v for k, v in self.resimulate(b).items()
+            rows = [{"budget_mib": b / MiB, **{k: v for k, v in self.resimulate(b).items()
                                              if k.endswith("rate")}} for b in budgets]
             self._curve = pl.DataFrame(rows).rename({"token_hit_rate": "token_hit_ratio",
                                                      "request_hit_rate": "request_hit_ratio"})
             self._curve_key = key
-        fig = hit_ratio_curves({self.mode.label: self._curve}, "both", x="budget_mb",
+        fig = hit_ratio_curves({self.mode.label: self._curve}, "both", x="budget_mib",
                                title="re-simulated hit rate against budget")
-        fig.add_trace(go.Scatter(x=[budget / MB], y=[sim["token_hit_rate"]], mode="markers",
+        fig.add_trace(go.Scatter(x=[budget / MiB], y=[sim["token_hit_rate"]], mode="markers",
                                  name="slider", marker=dict(size=12, color="#d62728", symbol="circle")))
         store_budget = getattr(self.store, "budget_bytes", None)
         if store_budget:
-            fig.add_trace(go.Scatter(x=[store_budget / MB], y=[self.engine.stats()["token_hit_rate"]],
+            fig.add_trace(go.Scatter(x=[store_budget / MiB], y=[self.engine.stats()["token_hit_rate"]],
                                      mode="markers", name="live",
                                      marker=dict(size=12, color="#222", symbol="star")))
         fig.update_layout(xaxis_type="log")
-        _sync(self.figs["budget"], fig)
+        self._show("budget", fig)
 
     def _draw_divergence(self) -> None:
         results = {r.request_id: r for r in self.engine.results}
         rid = self.request.value
         if rid is None or rid not in results:
             self.reuse.value = "<i>no requests yet</i>"
-            _sync(self.figs["divergence"], go.Figure(layout=dict(title="no request selected", height=200)))
+            self._show("divergence", go.Figure(layout=dict(title="no request selected", height=200)))
             self._div = None
             return
         r = results[rid]
@@ -339,7 +362,7 @@ class Inspector:
             self.reuse.value = (r._repr_html_() + f"<div>against <b>#{other.request_id}</b> ({why}): "
                                 f"{meta['common']} tokens shared, {where}; row a = #{other.request_id}, "
                                 f"row b = #{rid}</div>")
-        _sync(self.figs["divergence"], fig)
+        self._show("divergence", fig)
 
     def _against(self, rid: int, how: str):
         earlier = [r for r in self.engine.results if r.request_id < rid]
@@ -408,7 +431,6 @@ class Inspector:
         figs = self.figs
         tree = figs["tree"].data[0] if figs["tree"].data and figs["tree"].data[0].type == "icicle" else None
         mem = next((t for t in figs["memory"].data if t.name == "total"), None)
-        table = figs["requests"].data[0] if figs["requests"].data else None
         sim = self.resimulate(self._budget_bytes())
         div = figs["divergence"].layout.meta or {}
         return {
@@ -420,12 +442,12 @@ class Inspector:
             "memory": {"points": len(mem.y) if mem is not None else 0,
                        "bytes": int(mem.y[-1]) if mem is not None and len(mem.y) else 0,
                        "budget_bytes": self._budget_bytes()},
-            "table_rows": len(table.cells.values[0]) if table is not None and table.cells.values else 0,
+            "table_rows": len(self._rows),
             "blocks": (figs["blocks"].layout.meta or {}).get("counts"),
             "selected": self.request.value,
             "against": self._div if hasattr(self, "_div") else None,
             "divergence": {"token_index": div.get("token_index"), "common": div.get("common")},
-            "budget_mb": self.budget.value,
+            "budget_mib": self.budget.value,
             "replay": self.mode.value,
             "simulated": sim,
             "error": self.last_error,
@@ -434,11 +456,11 @@ class Inspector:
     def __repr__(self) -> str:
         s = self.engine.stats()
         return (f"Inspector({s['requests']} requests, token hit {s['token_hit_rate']:.1%}, "
-                f"budget {self.budget.value:.3g} MB)")
+                f"budget {fmt_bytes(self._budget_bytes())})")
 
     def _repr_html_(self) -> str:
         sim = self.resimulate(self._budget_bytes())
-        extra = (f" · replay at {self.budget.value:.3g} MB: token hit {sim['token_hit_rate']:.1%}"
+        extra = (f" · replay at {fmt_bytes(self._budget_bytes())}: token hit {sim['token_hit_rate']:.1%}"
                  if sim else "")
         return f"<div>{self.header.value}{extra}</div>"
 

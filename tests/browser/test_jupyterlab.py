@@ -106,7 +106,7 @@ def lab(tmp_path):
     env.setdefault("KVLAB_HOME", os.environ.get("KVLAB_HOME", str(ROOT / ".kvlab")))
     env["JUPYTER_PLATFORM_DIRS"] = "1"
     # no news/update toasts over the notebook (both would try the network)
-    settings = Path(env["JUPYTER_CONFIG_DIR"]) / "lab" / "user-settings" / "@jupyterlab" / "apputils-extension"
+    settings = Path(env["JUPYTER_CONFIG_DIR"], "lab", "user-settings", "@jupyterlab", "apputils-extension")
     settings.mkdir(parents=True)
     (settings / "notification.jupyterlab-settings").write_text(
         json.dumps({"fetchNews": "false", "checkForUpdates": False}))
@@ -195,10 +195,12 @@ def test_inspector_renders_and_reacts_in_jupyterlab(lab, qwen_tokenizer):
             assert page.evaluate(div_js) == [None]
 
             # pick request 2 in the dropdown, as a user would
-            select = app.locator(".widget-dropdown", has=page.locator("label", has_text="request")).locator("select")
+            label = page.locator("label", has_text="request")
+            select = app.locator(".widget-dropdown", has=label).locator("select")
             select.select_option(index=1)
             page.wait_for_function(div_js + f"[0] === {expected}", timeout=30_000)
-            title = [p for p in page.evaluate(PLOTS_JS) if p["meta"] and "token_index" in p["meta"]][0]["title"]
+            plots = page.evaluate(PLOTS_JS)
+            title = next(p["title"] for p in plots if p["meta"] and "token_index" in p["meta"])
             assert f"first difference at token {expected}" in title
             assert app.locator(".widget-html-content", has_text="against #1").count() >= 1
 

@@ -49,9 +49,9 @@ def test_inspector_follows_the_engine(tiny):
     total = next(t for t in ins.figs["memory"].data if t.name == "total")
     store_events = engine.events.filter(pl.col("event").is_in(["insert", "evict"]))
     assert len(total.y) == store_events.height and total.y[-1] == engine.store.nbytes
-    table = ins.figs["requests"].data[0]
-    assert list(table.cells.values[0]) == [1, 2, 3]
-    assert list(table.cells.values[1]) == [r.match for r in engine.results]
+    assert [row[0] for row in ins._rows] == [1, 2, 3]
+    assert [row[1] for row in ins._rows] == [r.match for r in engine.results] == ["miss", "lcp", "exact"]
+    assert ins.table.value.count("<tr>") == 4 and "3 requests" in ins.table.value
     # the dropdown follows the newest request; #3 repeats #1 exactly
     assert [v for _, v in ins.request.options] == [1, 2, 3] and s["selected"] == 3
     assert s["against"] == 1 and s["divergence"]["token_index"] is None

@@ -188,14 +188,16 @@ def test_divergence_marks_the_exact_differing_token_and_the_volatile_field():
     lines = [(s.x0, s.y0, s.y1) for s in fig.layout.shapes if s.type == "line"]
     assert lines == [(10.5, -0.5, 0.5), (10.5, 0.5, 1.5)]
     heat = fig.data[0]
-    assert heat.z[0][0] == viz.figures.ROLES.index("system") and heat.z[1][12] == viz.figures.ROLES.index("user")
+    roles = viz.figures.ROLES
+    assert heat.z[0][0] == roles.index("system") and heat.z[1][12] == roles.index("user")
     assert "eb6c6" in heat.text[0][5] and "a1b2c" in heat.text[1][5]
     assert "message 0 (system)" in fig.layout.title.text
 
 
 def test_divergence_of_identical_prefix_and_raw_ids():
     same = viz.divergence(A, A, TOK)
-    assert same.layout.meta["token_index"] is None and not any(t.name == "first difference" for t in same.data)
+    assert same.layout.meta["token_index"] is None
+    assert not any(t.name == "first difference" for t in same.data)
     assert same.layout.title.text.startswith("identical")
     prefix = viz.divergence(A[:7], A, TOK)
     assert prefix.layout.meta["common"] == 7 and "prefix" in prefix.layout.title.text

@@ -8,7 +8,7 @@ import mlx.core as mx
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 from mlx_lm.models.cache import ArraysCache, KVCache
 
 import kvlab as kv
