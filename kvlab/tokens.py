@@ -8,6 +8,7 @@ Example:
 from __future__ import annotations
 
 import html
+import re
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -157,9 +158,7 @@ def _message_char_spans(tokenizer, messages, text, template_kwargs):
         common = _common_prefix_len(partial, text)
         end = common if common > prev_end else prev_end
         if common < len(partial):
-            content = messages[i]["content"]
-            content = content if isinstance(content, str) else ""
-            found = text.find(content, prev_end) if content else -1
+            found, content = _find_content(text, messages[i]["content"], prev_end)
             if found >= 0:
                 end = max(end, found + len(content))
                 nxt = text.find("\n", end)
@@ -167,6 +166,19 @@ def _message_char_spans(tokenizer, messages, text, template_kwargs):
         bounds.append((prev_end, end))
         prev_end = end
     return bounds
+
+
+def _find_content(text: str, content, start: int) -> tuple[int, str]:
+    """Where a message's content sits in the rendering, also when the template rewrote it
+    (e.g. removed a <think> block); (-1, "") when it cannot be found."""
+    if not isinstance(content, str) or not content:
+        return -1, ""
+    for candidate in (content, re.sub(r"<think>.*?</think>\s*", "", content, flags=re.S).strip(),
+                      content.strip()[-40:]):
+        found = text.find(candidate, start) if candidate else -1
+        if found >= 0:
+            return found, candidate
+    return -1, ""
 
 
 def _common_prefix_len(a: str, b: str) -> int:

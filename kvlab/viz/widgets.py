@@ -29,6 +29,8 @@ widgets = require("ipywidgets", "kv.Inspector")
 require("anywidget", "plotly's FigureWidget")
 
 AGAINST = ("closest earlier request", "previous request", "entry it reused")
+TABS = ("tree", "memory", "requests", "divergence", "blocks", "budget")
+BUDGET_TAB = TABS.index("budget")
 MiB = 2**20
 
 
@@ -217,7 +219,7 @@ class Inspector:
             self.figs["blocks"],
             self.figs["budget"],
         ])
-        for i, title in enumerate(("tree", "memory", "requests", "divergence", "blocks", "budget")):
+        for i, title in enumerate(TABS):
             self.tabs.set_title(i, title)
         self.widget = W.VBox([self.header, W.HBox([self.budget, self.mode]), self.sim_label,
                               self.error, self.tabs])
@@ -229,6 +231,7 @@ class Inspector:
         self.against.observe(lambda _: self._guard(self._draw_divergence), names="value")
         self.budget.observe(lambda _: self._guard(self._draw_budget), names="value")
         self.mode.observe(lambda _: self._guard(self._draw_budget), names="value")
+        self.tabs.observe(lambda _: self._guard(self._draw_curve), names="selected_index")
         engine.on_result(self._on_result)
         self.refresh()
 
@@ -306,9 +309,14 @@ class Inspector:
                 f"({html.escape(mode)}): token hit <b class='kv-sim'>{sim['token_hit_rate']:.1%}</b>, "
                 f"request hit {sim['request_hit_rate']:.1%} · live{live_at}: token hit "
                 f"<b>{live['token_hit_rate']:.1%}</b>, request hit {live['request_hit_rate']:.1%}")
-        self._draw_curve(budget, sim)
+        self._draw_curve()
 
-    def _draw_curve(self, budget: int, sim: dict | None) -> None:
+    def _draw_curve(self) -> None:
+        # 24 replays per redraw: only while the budget tab is open (it redraws when opened)
+        if self.tabs.selected_index != BUDGET_TAB:
+            return
+        budget = self._budget_bytes()
+        sim = self.resimulate(budget)
         bpt = self.bytes_per_token()
         prompts = [r.prompt_ids for r in self.engine.results]
         if sim is None or not prompts:

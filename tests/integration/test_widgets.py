@@ -120,10 +120,15 @@ def test_budget_slider_replays_like_a_real_store(tiny):
     assert low["token_hit_rate"] == 0.0 and low["reused_tokens"] == [0, 0, 0]
     with pytest.raises(kv.BudgetError):
         run(kv.Engine(tiny, kv.RadixStore(budget_bytes=min(entry_bytes) // 2)))
-    # the memory figure's budget line and the curve's marker moved with the slider
+    # the memory figure's budget line moved with the slider; the budget tab's curve is drawn
+    # when the tab is opened, with a marker at the slider
     assert ins.figs["memory"].layout.meta["budget_bytes"] == ins.state()["memory"]["budget_bytes"]
+    assert len(ins.figs["budget"].data) == 0
+    ins.tabs.selected_index = 5
     marker = next(t for t in ins.figs["budget"].data if t.name == "slider")
-    assert marker.y[0] == 0.0
+    assert marker.x[0] == pytest.approx(ins.budget.value) and marker.y[0] == 0.0
+    curve = ins.figs["budget"].data[0]
+    assert min(curve.y) == 0.0 and max(curve.y) == pytest.approx(s["simulated"]["token_hit_rate"])
 
     # the block replay through kv.simulate: below one 16-token block nothing hits
     ins.mode.value = "blocks"
@@ -167,3 +172,13 @@ def test_a_drawing_error_does_not_stop_the_engine(tiny, monkeypatch):
     monkeypatch.undo()
     engine.run(REQUESTS[1], max_tokens=2)
     assert ins.last_error is None and ins.error.value == ""
+
+
+def test_inspector_without_a_store(tiny):
+    engine = kv.Engine(tiny, None)
+    ins = kv.Inspector(engine)
+    engine.run(REQUESTS[0], max_tokens=2)
+    s = ins.state()
+    assert s["requests"] == 1 and s["table_rows"] == 1 and s["error"] is None
+    assert s["simulated"] is None and "no entry has been stored" in ins.sim_label.value
+    assert "no store" in ins.figs["tree"].layout.title.text

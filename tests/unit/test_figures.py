@@ -267,3 +267,25 @@ def test_hit_ratio_curves_with_a_real_sweep():
     fig = viz.hit_ratio_curves({p: kv.sweep(seqs, p, caps, block_size=16) for p in ("lru", "fifo")})
     assert len(fig.data) == 2 and list(fig.data[0].x) == caps
     assert fig.data[0].y[-1] == pytest.approx((32 + 32) / 136)
+
+
+# ------------------------------------------------------------------- the Inspector's budget replay
+
+def test_entry_replay_follows_radix_store_semantics():
+    pytest.importorskip("ipywidgets")
+    from kvlab.viz.widgets import EntryReplay
+
+    p1 = tuple(range(1, 11))
+    p2 = p1[:8] + (20, 21)
+    replay = EntryReplay([p1, p2, p1])
+    # everything fits: #2 shares 8 tokens, #3 is an exact repeat (reuse stops at n - 1)
+    assert replay.run(budget_bytes=1e9, bytes_per_token=1) == [0, 8, 9]
+    # room for one 10-token entry: #2's entry pushes #1's out, so #3 only shares #2's 8
+    assert replay.run(budget_bytes=10, bytes_per_token=1) == [0, 8, 8]
+    # no entry fits: nothing is reused
+    assert replay.run(budget_bytes=9, bytes_per_token=1) == [0, 0, 0]
+    # a longer entry subsumes (drops) its own prefix, which leaves room for the unrelated one
+    other, short, longer = (9, 9, 9), (1, 2, 3), (1, 2, 3, 4, 5)
+    seq = [other, short, longer, other]
+    assert EntryReplay(seq).run(8, 1) == [0, 0, 3, 2]
+    assert EntryReplay(seq, subsume=False).run(8, 1) == [0, 0, 3, 0]
