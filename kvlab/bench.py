@@ -202,25 +202,37 @@ def bench_memory(model, prefix_len=512, suffix_len=128, num_prompts=50) -> Table
 def bench_hashing_table(repeats: int) -> Table:
     from .blocks import bench_hashing
 
-    r = bench_hashing(repeats=repeats)
-    rows = tuple((algo, f"{v['median'] / 1e6:.1f}", f"{v['pstdev'] / 1e6:.1f}") for algo, v in r.items()
-                 if isinstance(v, dict) and "median" in v)
+    r = bench_hashing(repeats=repeats)["algos"]
+    rows = tuple((algo, f"{v['median_tokens_per_s'] / 1e6:.1f}",
+                  f"{v['min_tokens_per_s'] / 1e6:.1f}-{v['max_tokens_per_s'] / 1e6:.1f}") for algo, v in r.items())
     return Table("block hashing throughput (32k-token prompt, block size 16)",
                  f"kvlab bench --only hashing --repeats {repeats}",
-                 ("algorithm", "M tokens/s median", "pstdev"), rows,
+                 ("algorithm", "M tokens/s median", "min-max"), rows,
                  "Target: xxh3_128 >= 20M tokens/s (vLLM reports 31-80M tokens/s on GPU servers).")
+
+
+def _median_range(v: dict, scale: float = 1.0) -> str:
+    return f"{v['median'] * scale:.4g} ({v['min'] * scale:.4g}-{v['max'] * scale:.4g})"
 
 
 def bench_simulator_table(repeats: int) -> Table:
     from .simulator import bench_simulator
 
     r = bench_simulator(repeats=repeats)
-    rows = tuple((k, _fmt(v) if not isinstance(v, dict) else
-                  f"{v.get('median', 0):.4g} ± {v.get('pstdev', 0):.2g}") for k, v in r.items())
+    rows = [("trace", f"{r['requests']} requests, {r['blocks']} block references, "
+                      f"{r['distinct_blocks']} distinct blocks"),
+            ("capacities", f"{len(r['capacities_tokens'])} (LRU, {r['capacities_tokens'][0]:,}-"
+                           f"{r['capacities_tokens'][-1]:,} tokens)"),
+            ("results identical to plain replays", r["identical"])]
+    for key in ("sweep_seconds", "sweep_api_seconds", "numba_replays_seconds", "python_replays_seconds",
+                "speedup", "speedup_end_to_end", "speedup_vs_numba_replays"):
+        rows.append((key, _median_range(r[key])))
+    for key, v in r["blocks_per_s"].items():
+        rows.append((f"{key} block lookups/s (x capacities)", _median_range(v)))
     return Table("simulator throughput and sweep speed-up", f"kvlab bench --only simulator --repeats {repeats}",
-                 ("measure", "value"), rows,
+                 ("measure", "median (min-max)"), tuple(rows),
                  "Target: a 16-capacity LRU sweep over a 12k-request trace >= 10x faster than 16 "
-                 "plain-Python replays, identical results.")
+                 "plain-Python replays, identical results. `speedup` = python replays / stack-distance sweep.")
 
 
 def run(model_name: str = "smollm2", repeats: int = 5, only=None) -> list[Table]:

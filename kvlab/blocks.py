@@ -25,6 +25,7 @@ import numpy as np
 import xxhash
 
 from .errors import BlockSizeError, KvlabError
+from .tokens import common_prefix_len
 
 
 class UnknownAlgoError(KvlabError, ValueError):
@@ -221,12 +222,7 @@ def shared_blocks(a: Sequence[bytes], b: Sequence[bytes]) -> int:
         >>> shared_blocks(kv.block_hashes(range(64)), kv.block_hashes([*range(40), 0]))
         2
     """
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
+    return common_prefix_len(list(a), list(b))
 
 
 def bench_hashing(n_tokens: int = 32768, block_size: int = 16, repeats: int = 5,

@@ -10,7 +10,7 @@ import html
 from dataclasses import dataclass
 
 from .errors import BoundaryError
-from .tokens import Tokens, encode_with_offsets, render
+from .tokens import Tokens, common_prefix_len, encode_with_offsets, render
 
 
 @dataclass(frozen=True)
@@ -77,10 +77,7 @@ def split_at_boundary(tokens: Tokens, at="system") -> Split:
     prefix_text = render(tokens.tokenizer, tokens.messages[:k], add_generation_prompt=False, **kwargs)
     alone, _ = encode_with_offsets(tokens.tokenizer, prefix_text)
     ids = tokens.ids
-    common = 0
-    limit = min(len(alone), len(ids))
-    while common < limit and alone[common] == ids[common]:
-        common += 1
+    common = common_prefix_len(alone, ids)
     clean = common == len(alone)
     reason = ""
     if not clean:

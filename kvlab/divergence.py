@@ -20,7 +20,7 @@ import numpy as np
 
 from .blocks import TokenIdError
 from .errors import KvlabError, TemplateError
-from .tokens import Tokens, tokenise
+from .tokens import Tokens, common_prefix_len, tokenise
 
 
 class RuleError(KvlabError, ValueError):
@@ -150,14 +150,6 @@ def _as_tokens(x, model, name: str) -> Tokens:
     return Tokens(ids, "", (), (), None, (), None)
 
 
-def _common_prefix(a: tuple, b: tuple) -> int:
-    n = min(len(a), len(b))
-    # compare in C-level tuple chunks, then scan only the chunk that differs
-    for lo in range(0, n, 4096):
-        hi = min(lo + 4096, n)
-        if a[lo:hi] != b[lo:hi]:
-            return next(i for i in range(lo, hi) if a[i] != b[i])
-    return n
 
 
 def diverge(a, b, *, context: int = 4, model=None) -> Divergence:
@@ -170,7 +162,7 @@ def diverge(a, b, *, context: int = 4, model=None) -> Divergence:
         Divergence(at token 2: '<1><2><3><4>' vs '<1><2><9>')
     """
     ta, tb = _as_tokens(a, model, "a"), _as_tokens(b, model, "b")
-    common = _common_prefix(ta.ids, tb.ids)
+    common = common_prefix_len(ta.ids, tb.ids)
     differ = common < len(ta) and common < len(tb)
     i = common
     before = tuple(ta.piece(j) for j in range(max(0, i - context), i))

@@ -23,7 +23,7 @@ from . import _blas
 from .errors import KvlabError, NotTrimmableError, RequestError, SnapshotError
 from .snapshots import advance, make_cache, non_trimmable_layers, prefill, restore, snapshot, trim
 from .stores.base import MISS, CacheKey
-from .tokens import Tokens, from_ids, tokenise
+from .tokens import Tokens, common_prefix_len, from_ids, tokenise
 
 KEYINGS = ("prompt", "prompt+output")
 EVENT_SCHEMA = {"request": pl.Int64, "event": pl.Utf8, "tokens": pl.Int64, "bytes": pl.Int64,
@@ -280,10 +280,7 @@ class Engine:
         prev, ids = self._last_cached, toks.ids
         if prev is None:
             return None
-        n = 0
-        limit = min(len(prev), len(ids))
-        while n < limit and prev[n] == ids[n]:
-            n += 1
+        n = common_prefix_len(prev, ids)
         if n >= len(prev):
             return None
         before = self._last_messages

@@ -431,7 +431,10 @@ class KvlabMagics(Magics):
                 raise UsageError(f"{name} is already loaded as {value.dtype}; drop --dtype or load by name")
             model = value
         else:
-            model = kvlab.load(name, dtype=args.dtype)
+            try:
+                model = kvlab.load(name, dtype=args.dtype)
+            except kvlab.KvlabError as e:  # unknown name, not a model folder, bad dtype
+                raise UsageError(f"%kvlab load {name}: {e}") from None
         self.state.model = model
         self.state.options = {"max_tokens": args.max_tokens}
         self.state.store_name = "radix"
@@ -493,9 +496,11 @@ class KvlabMagics(Magics):
                 from .runner import parse_value
 
                 kwargs[name] = parse_value(raw)
+            from .errors import KvlabError
+
             try:
                 return key, gen(**kwargs)
-            except TypeError as e:
+            except (TypeError, KvlabError) as e:  # e.g. num_prompts < num_prefixes: an argument problem
                 raise UsageError(f"{key}: {e}") from None
         if any(getattr(args, o) is not None for o in SIZE_OPTIONS) or args.set:
             raise UsageError(f"{spec!r} is not a workload name ({', '.join(workloads.GENERATORS)}); "

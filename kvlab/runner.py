@@ -284,12 +284,13 @@ def run_notebook(path, parameters: Mapping | None = None, out_dir=None, *,
     executed = run_dir / notebook.name
     shown = {k: v for k, v in params.items() if k != RESULTS_PARAM}
 
+    kernel = _kernel(kernel_name)
     start = time.perf_counter()
     error, failed_cell = None, None
     try:
         with _kernel_env():
             papermill.execute_notebook(
-                str(notebook), str(executed), parameters=params, kernel_name=_kernel(kernel_name),
+                str(notebook), str(executed), parameters=params, kernel_name=kernel,
                 language="python", progress_bar=progress, log_output=log_output,
                 cwd=str(notebook.parent.resolve()), start_timeout=180,
                 execution_timeout=timeout)
@@ -312,7 +313,7 @@ def run_notebook(path, parameters: Mapping | None = None, out_dir=None, *,
                        results_path if error is None else None, shown, seconds, error, failed_cell)
     (run_dir / "run.json").write_text(json.dumps(
         {"notebook": str(notebook.resolve()), "parameters": shown, "seconds": round(seconds, 3),
-         "ok": error is None, "error": error, "kernel": kernel_name}, indent=2, default=str))
+         "ok": error is None, "error": error, "kernel": kernel}, indent=2, default=str))
     if error is not None and raise_on_error:
         raise RunError(error, result)
     return result

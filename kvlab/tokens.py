@@ -155,7 +155,7 @@ def _message_char_spans(tokenizer, messages, text, template_kwargs):
     prev_end = 0
     for i in range(len(messages)):
         partial = render(tokenizer, messages[: i + 1], add_generation_prompt=False, **template_kwargs)
-        common = _common_prefix_len(partial, text)
+        common = common_prefix_len(partial, text)
         end = common if common > prev_end else prev_end
         if common < len(partial):
             found, content = _find_content(text, messages[i]["content"], prev_end)
@@ -181,12 +181,15 @@ def _find_content(text: str, content, start: int) -> tuple[int, str]:
     return -1, ""
 
 
-def _common_prefix_len(a: str, b: str) -> int:
+def common_prefix_len(a, b) -> int:
+    """Length of the common prefix of two sequences (str, tuple, list)."""
     n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
+    # compare C-level slices, then scan only the chunk that differs
+    for lo in range(0, n, 4096):
+        hi = min(lo + 4096, n)
+        if a[lo:hi] != b[lo:hi]:
+            return next(i for i in range(lo, hi) if a[i] != b[i])
+    return n
 
 
 def _char_to_token_span(offsets, c0, c1):

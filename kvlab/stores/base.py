@@ -102,6 +102,15 @@ class EventLog:
         return rows
 
 
+class StoreBase:
+    """Plumbing every store shares: the event log the Engine drains after each request."""
+
+    log: EventLog
+
+    def drain_events(self) -> list[dict]:
+        return self.log.drain()
+
+
 def default_budget(fraction: float = 0.25) -> int:
     """A fraction of this machine's physical memory, in bytes."""
     return int(psutil.virtual_memory().total * fraction)
@@ -117,10 +126,3 @@ def too_big(store_name: str, need: int, budget: int) -> BudgetError:
     return BudgetError(f"{store_name}: one entry needs {need} bytes but the budget is {budget} bytes; "
                        "raise budget_bytes (or cache shorter prompts)")
 
-
-def longest_common_prefix(a, b) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i

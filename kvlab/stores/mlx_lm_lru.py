@@ -23,10 +23,10 @@ from dataclasses import replace
 from mlx_lm.models.cache import LRUPromptCache
 
 from ..snapshots import Snapshot, restore, snapshot
-from .base import CacheKey, EventLog, Match
+from .base import CacheKey, EventLog, Match, StoreBase
 
 
-class MlxLmLRUStore:
+class MlxLmLRUStore(StoreBase):
     """An adapter over ``mlx_lm.models.cache.LRUPromptCache`` (see module docstring)."""
 
     name = "mlx_lm_lru"
@@ -49,8 +49,6 @@ class MlxLmLRUStore:
     def entries(self) -> int:
         return len(self.cache)
 
-    def drain_events(self) -> list[dict]:
-        return self.log.drain()
 
     def lookup(self, key: CacheKey, *, limit: int) -> Match:
         ns, ids = _namespace(key), list(key.ids)

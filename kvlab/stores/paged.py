@@ -32,7 +32,7 @@ import polars as pl
 from ..blocks import block_hashes
 from ..errors import BlockSizeError, BudgetError, SnapshotError
 from ..snapshots import LayerState, Snapshot
-from .base import CacheKey, EventLog, Match, check_budget, default_budget
+from .base import CacheKey, EventLog, Match, StoreBase, check_budget, default_budget
 
 
 @dataclass(eq=False)
@@ -59,7 +59,7 @@ class Block:
                 f"{self.nbytes} B · ref {self.ref_cnt} · {self.hits} hits")
 
 
-class PagedStore:
+class PagedStore(StoreBase):
     """vLLM-style paged prefix cache (see module docstring).
 
     ``num_blocks`` is the pool size; ``budget_bytes`` (default 25% of RAM) also caps the resident
@@ -97,8 +97,6 @@ class PagedStore:
     def entries(self) -> int:
         return len(self._blocks)
 
-    def drain_events(self) -> list[dict]:
-        return self.log.drain()
 
     def hashes(self, key: CacheKey, n: int | None = None) -> list[bytes]:
         """Chained hashes of the full blocks of ``key``'s first ``n`` tokens (all by default)."""

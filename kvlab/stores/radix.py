@@ -22,8 +22,9 @@ import polars as pl
 import xxhash
 
 from ..snapshots import Snapshot
-from .base import (MISS, CacheKey, EventLog, Match, check_budget, default_budget,
-                   longest_common_prefix, too_big)
+from ..tokens import common_prefix_len
+from .base import (MISS, CacheKey, EventLog, Match, StoreBase, check_budget, default_budget,
+                   too_big)
 
 
 def symbols(key: CacheKey) -> tuple:
@@ -76,7 +77,7 @@ class Node:
             yield from child.walk()
 
 
-class RadixStore:
+class RadixStore(StoreBase):
     """Token-level radix tree (see module docstring). ``budget_bytes`` defaults to 25% of RAM."""
 
     name = "radix"
@@ -101,8 +102,6 @@ class RadixStore:
     def entries(self) -> int:
         return len(self._entries)
 
-    def drain_events(self) -> list[dict]:
-        return self.log.drain()
 
     def lookup(self, key: CacheKey, *, limit: int) -> Match:
         sym = symbols(key)
@@ -117,7 +116,7 @@ class RadixStore:
             child = node.children.get(sym[depth])
             if child is None:
                 break
-            m = longest_common_prefix(child.edge, sym[depth:])
+            m = common_prefix_len(child.edge, sym[depth:])
             if m < len(child.edge):
                 depth += m
                 partial = child
@@ -208,7 +207,7 @@ class RadixStore:
                 new = Node(sym[depth:], node, len(sym), id=next(self._ids))
                 node.children[sym[depth]] = new
                 return new
-            m = longest_common_prefix(child.edge, sym[depth:])
+            m = common_prefix_len(child.edge, sym[depth:])
             if m < len(child.edge):
                 mid = Node(child.edge[:m], node, depth + m, id=next(self._ids))
                 node.children[sym[depth]] = mid

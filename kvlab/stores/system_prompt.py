@@ -29,7 +29,7 @@ from mlx.utils import tree_flatten, tree_map
 from ..boundary import split_at_boundary
 from ..errors import BoundaryError
 from ..snapshots import LayerState, Snapshot, trim
-from .base import CacheKey, EventLog, Match, check_budget, default_budget, too_big
+from .base import CacheKey, EventLog, Match, StoreBase, check_budget, default_budget, too_big
 
 
 @dataclass(eq=False)
@@ -51,7 +51,7 @@ class SystemEntry:
         return f"<code>{html.escape(repr(self))}</code>"
 
 
-class SystemPromptStore:
+class SystemPromptStore(StoreBase):
     """One cached system prompt (see module docstring). ``budget_bytes`` defaults to 25% of RAM."""
 
     name = "system_prompt"
@@ -73,8 +73,6 @@ class SystemPromptStore:
     def entries(self) -> int:
         return int(self.entry is not None)
 
-    def drain_events(self) -> list[dict]:
-        return self.log.drain()
 
     def lookup(self, key: CacheKey, *, limit: int, tokens=None) -> Match:
         cut, why = self._cut(tokens)

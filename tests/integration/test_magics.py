@@ -200,9 +200,12 @@ def test_parse_chat():
     ("split msgs --at foo", "--at must be 'system' or a message index"),
     ("load m --store bogus", "invalid choice: 'bogus'"),
     ("load m --turns 2", "%kvlab load does not take --turns"),
+    ("load /no/such/folder", "%kvlab load /no/such/folder: '/no/such/folder' is neither a known model"),
+    ("load tiny --dtype float8", "dtype 'float8' is not supported"),
     ("diff msgs", "takes two arguments"),
     ("chat", "chat takes a conversation as a cell body"),
     ("run multi_turn --max-tokens x", "invalid int value"),
+    ("run prefix_repetition --prompts 4", "prefix_repetition: num_prompts (4) must be >= num_prefixes"),
 ])
 def test_bad_arguments_are_usage_errors(shell, line, message):
     shell.user_ns["msgs"] = MESSAGES

@@ -14,6 +14,7 @@ import pytest
 
 import kvlab as kv
 from kvlab.workloads import Request
+from kvlab.tokens import common_prefix_len as lcp
 
 pytestmark = pytest.mark.model
 
@@ -28,15 +29,6 @@ STORES = {
     "system_prompt": lambda: kv.SystemPromptStore(),
     "mlx_lm_lru": lambda: kv.MlxLmLRUStore(max_size=10),
 }
-
-
-def lcp(a, b) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def shared(prompts, k) -> int:

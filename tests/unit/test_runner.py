@@ -200,29 +200,30 @@ def _check_sweep_frame(df: pl.DataFrame) -> pl.DataFrame:
     return df
 
 
-@pytest.fixture(scope="module")
-def cli_sweep(tmp_path_factory):
-    """`kvlab sweep` over a 2x2 grid in 2 worker processes, as a user runs it: (folder, stdout)."""
-    tmp = tmp_path_factory.mktemp("sweep")
-    notebook = make_notebook(tmp / "tiny_nb.ipynb")
-    grid = tmp / "grid.yaml"
+@pytest.mark.notebook
+def test_sweep_2x2_in_processes_and_on_dask(notebook, tmp_path):
+    """`kvlab sweep` over a 2x2 grid in 2 worker processes, as a user runs it; then the same grid on
+    a Dask LocalCluster (2 worker processes on loopback) must give the same table."""
+    grid = tmp_path / "grid.yaml"
     grid.write_text(yaml.safe_dump({"x": [1, 2], "label": ["a", "b"]}, sort_keys=False))
-    out = tmp / "sweep"
+    out = tmp_path / "sweep"
     proc = subprocess.run([sys.executable, "-m", "kvlab.cli", "sweep", str(notebook), "--grid", str(grid),
                            "--workers", "2", "--out", str(out)], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
-    return out, proc.stdout
-
-
-@pytest.mark.notebook
-def test_sweep_2x2_in_processes(cli_sweep):
-    out, printed = cli_sweep
-    assert "4 runs -> 4 rows" in printed and "square" in printed
-    df = _check_sweep_frame(pl.read_parquet(out / "sweep.parquet"))
-    for run in df["run"]:
+    assert "4 runs -> 4 rows" in proc.stdout and "square" in proc.stdout
+    local = _check_sweep_frame(pl.read_parquet(out / "sweep.parquet"))
+    for run in local["run"]:
         assert (out / run / "results.parquet").is_file() and (out / run / "tiny_nb.html").is_file()
     meta = json.loads((out / "sweep.json").read_text())
     assert meta["grid"] == {"x": [1, 2], "label": ["a", "b"]} and all(r["ok"] for r in meta["runs"])
+
+    distributed = pytest.importorskip("distributed")
+    with distributed.LocalCluster(processes=True, n_workers=2, threads_per_worker=1, host="127.0.0.1",
+                                  dashboard_address=None) as cluster:
+        remote = runner.sweep(notebook, grid, out_dir=tmp_path / "dask", scheduler=cluster.scheduler_address,
+                              html_export=False)
+    assert _check_sweep_frame(remote).equals(local)
+    assert (tmp_path / "dask" / "sweep.parquet").is_file()
 
 
 @pytest.mark.notebook
@@ -234,20 +235,6 @@ def test_sweep_reports_failed_runs_and_keeps_the_rest(notebook, tmp_path):
     assert "2 of 4 runs of tiny_nb.ipynb failed" in str(e) and "asked to fail" in str(e)
     assert e.frame.height == 2 and e.frame["fail"].to_list() == [False, False]
     assert pl.read_parquet(tmp_path / "s" / "sweep.parquet").height == 2
-
-
-@pytest.mark.notebook
-def test_sweep_on_a_dask_cluster_gives_the_same_table(cli_sweep, notebook, tmp_path):
-    distributed = pytest.importorskip("distributed")
-    grid = {"x": [1, 2], "label": ["a", "b"]}
-    local = pl.read_parquet(cli_sweep[0] / "sweep.parquet")
-    with distributed.LocalCluster(processes=True, n_workers=2, threads_per_worker=1, host="127.0.0.1",
-                                  dashboard_address=None) as cluster:
-        remote = runner.sweep(notebook, grid, out_dir=tmp_path / "dask", scheduler=cluster.scheduler_address,
-                              html_export=False)
-    a, b = _check_sweep_frame(local), _check_sweep_frame(remote)
-    assert a.equals(b)
-    assert (tmp_path / "dask" / "sweep.parquet").is_file()
 
 
 def test_sweep_with_an_unreachable_scheduler_says_so(notebook, tmp_path):
