@@ -39,7 +39,10 @@ _LAZY = {
 }
 _SUBMODULES = {"workloads", "traces", "viz", "bench", "runner", "stores", "magics"}
 
-__all__ = sorted(set(_LAZY) | _SUBMODULES | {"KvlabError", "load_ipython_extension"})
+_ERRORS = {"BlockSizeError", "BoundaryError", "BudgetError", "ImageError", "KvlabError",
+           "ModelNotFoundError", "NotTrimmableError", "RequestError", "SnapshotError",
+           "TemplateError", "TraceError"}
+__all__ = sorted(set(_LAZY) | _SUBMODULES | _ERRORS | {"load_ipython_extension"})
 
 
 def __getattr__(name):

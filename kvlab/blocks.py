@@ -24,16 +24,8 @@ from typing import Any, Callable
 import numpy as np
 import xxhash
 
-from .errors import BlockSizeError, KvlabError
+from .errors import BlockSizeError, TokenIdError, UnknownAlgoError
 from .tokens import common_prefix_len
-
-
-class UnknownAlgoError(KvlabError, ValueError):
-    """A hash algorithm name block_hashes does not know."""
-
-
-class TokenIdError(KvlabError, ValueError):
-    """Token ids, extra keys or a salt that cannot be hashed (not ints, out of range, bad spans)."""
 
 
 def _sha256(data: bytes) -> bytes:

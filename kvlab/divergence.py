@@ -19,12 +19,8 @@ from typing import Callable, Sequence
 import numpy as np
 
 from .blocks import TokenIdError
-from .errors import KvlabError, TemplateError
+from .errors import RuleError, TemplateError
 from .tokens import Tokens, common_prefix_len, tokenise
-
-
-class RuleError(KvlabError, ValueError):
-    """A normalisation rule that cannot be built or applied (bad regex, non-str result)."""
 
 
 # ---------------------------------------------------------------------------------------- diverge
@@ -148,8 +144,6 @@ def _as_tokens(x, model, name: str) -> Tokens:
                                    "token ids must be ints")
             ids = tuple(int(v) for v in ids)
     return Tokens(ids, "", (), (), None, (), None)
-
-
 
 
 def diverge(a, b, *, context: int = 4, model=None) -> Divergence:

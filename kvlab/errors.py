@@ -43,3 +43,27 @@ class TraceError(KvlabError, ValueError):
 
 class ImageError(KvlabError, ValueError):
     """An image that cannot be read or does not fit the model or the prompt."""
+
+
+class UnknownAlgoError(KvlabError, ValueError):
+    """A hash algorithm name block_hashes does not know."""
+
+
+class TokenIdError(KvlabError, ValueError):
+    """Token ids, extra keys or a salt that cannot be hashed (not ints, out of range, bad spans)."""
+
+
+class RuleError(KvlabError, ValueError):
+    """A normalisation rule that cannot be built or applied (bad regex, non-str result)."""
+
+
+class VizError(KvlabError, ValueError):
+    """A figure or widget that cannot be drawn: missing notebook extras, or data of the wrong shape."""
+
+
+class MissingExtraError(VizError, ImportError):
+    """plotly / ipywidgets are not installed."""
+
+
+class VLMUnavailableError(KvlabError, ImportError):
+    """mlx-vlm is not installed."""

@@ -23,7 +23,7 @@ from typing import Any, Sequence
 
 import mlx.core as mx
 import xxhash
-from mlx.utils import tree_flatten, tree_map, tree_unflatten
+from mlx.utils import tree_flatten, tree_map
 from mlx_lm.models import cache as mlx_cache
 
 from .errors import NotTrimmableError, SnapshotError

@@ -39,7 +39,8 @@ import mlx.core as mx  # noqa: E402
 import numpy as np  # noqa: E402
 
 from . import models as _models  # noqa: E402
-from .errors import ImageError, KvlabError, ModelNotFoundError, TemplateError  # noqa: E402
+from .errors import (ImageError, KvlabError, ModelNotFoundError, TemplateError,  # noqa: E402
+                     VLMUnavailableError)
 from .models import Model  # noqa: E402
 from .tokens import (ImageRef, Span, Tokens, _char_to_token_span, _message_char_spans,  # noqa: E402
                      encode_with_offsets, render, validate_messages)
@@ -65,10 +66,6 @@ QWEN2_VL_TEMPLATE = (
     "{{ video_count.value }}: {% endif %}<|vision_start|><|video_pad|><|vision_end|>"
     "{% elif 'text' in content %}{{ content['text'] }}{% endif %}{% endfor %}<|im_end|>\n"
     "{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-
-
-class VLMUnavailableError(KvlabError, ImportError):
-    """mlx-vlm is not installed."""
 
 
 def _require_mlx_vlm():

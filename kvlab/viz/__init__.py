@@ -13,15 +13,7 @@ from __future__ import annotations
 
 import importlib
 
-from ..errors import KvlabError
-
-
-class VizError(KvlabError, ValueError):
-    """A figure or widget that cannot be drawn: missing notebook extras, or data of the wrong shape."""
-
-
-class MissingExtraError(VizError, ImportError):
-    """plotly / ipywidgets are not installed."""
+from ..errors import MissingExtraError, VizError
 
 
 def require(module: str, what: str = "kvlab.viz"):

@@ -18,12 +18,14 @@ pytestmark = pytest.mark.model
 
 @pytest.fixture(scope="module")
 def shell(tiny):
+    existed = InteractiveShell.initialized()  # another test module's shell: share it, do not clear it
     sh = InteractiveShell.instance()
     sh.run_cell("%load_ext kvlab").raise_error()
     sh.user_ns["m"] = tiny
     sh.run_line_magic("kvlab", "load m")
     yield sh
-    InteractiveShell.clear_instance()
+    if not existed:
+        InteractiveShell.clear_instance()
 
 
 def fmt(shell, obj) -> tuple[str, str]:
