@@ -7,8 +7,12 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
+
+import polars as pl
 
 from . import _blas
+from .runner import run_notebook
 
 
 def _matmul_gflops() -> float:
@@ -91,5 +95,23 @@ def main(model_name: str = "smollm2") -> int:
         print(f"   volatile field: {f!r}")
     for label, (reused, total) in rep["reuse"].items():
         print(f"   second request reuse, {label:>10}: {reused}/{total} tokens")
-    print("\nNext: `make test`, or open notebooks/00_quickstart.ipynb (`kvlab run notebooks/00_quickstart.ipynb`).")
+    print("\n3. Notebooks through papermill (executed notebook, HTML report and results table each)")
+    for notebook, params, columns in DEMO_RUNS:
+        run = run_notebook(NOTEBOOKS / notebook, {"model": model_name, **params})
+        print(f"   {notebook}: ok in {run.seconds:.0f} s; report: {run.html}")
+        frame = run.results
+        with pl.Config(tbl_rows=12, tbl_cols=len(columns), tbl_width_chars=140, tbl_hide_dataframe_shape=True):
+            print(frame.select([c for c in columns if c in frame.columns]))
+    print("\nNext: `make test`, open the notebooks in JupyterLab (kernel 'kvlab'), or "
+          "`kvlab run notebooks/01_multi_turn.ipynb -p model smollm2`.")
     return 0
+
+
+NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+DEMO_RUNS = (
+    ("00_quickstart.ipynb", {}, ("model", "prompt_tokens", "system_prefix_tokens", "split_clean",
+                                  "second_reused_tokens", "second_verify_diff", "ttft_first_ms",
+                                  "ttft_second_ms")),
+    ("02_agentic_billing_header.ipynb", {"turns": 2, "stores": ["radix"]},
+     ("store", "mode", "step", "prompt_tokens", "reused_tokens", "first_divergence_raw")),
+)
