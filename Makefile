@@ -8,9 +8,12 @@ demo:
 	@bash scripts/setup.sh
 	@$(PY) -m kvlab.cli demo
 
+# the browser test runs on its own after the parallel tiers: it times a live UI, so it gets the
+# whole machine rather than sharing two cores with model tests
 test:
 	@bash scripts/setup.sh browser
-	@$(PY) -m pytest -q -n 2 --durations=15 tests
+	@$(PY) -m pytest -q -n 2 --durations=15 -m "not browser" tests
+	@$(PY) -m pytest -q -m browser tests
 
 test-fast:
 	@$(PY) -m pytest -q -m "not model and not notebook and not browser" tests

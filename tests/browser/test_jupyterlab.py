@@ -182,7 +182,7 @@ def test_inspector_renders_and_reacts_in_jupyterlab(lab, qwen_tokenizer):
             page.wait_for_function(
                 "() => Array.from(document.querySelectorAll('.kvlab-inspector .js-plotly-plot'))"
                 ".some(d => d.data && d.data.length && d.data[0].type === 'icicle' && d.data[0].values"
-                " && d.data[0].values.length > 1)", timeout=30_000)
+                " && d.data[0].values.length > 1)", timeout=180_000)
             tree = _plots(page, "icicle")[0]
             assert tree["visible"] and "nodes" in tree["title"]
 
@@ -191,14 +191,14 @@ def test_inspector_renders_and_reacts_in_jupyterlab(lab, qwen_tokenizer):
             div_js = ("() => Array.from(document.querySelectorAll('.kvlab-inspector .js-plotly-plot'))"
                       ".filter(d => d.layout && d.layout.meta && 'token_index' in d.layout.meta)"
                       ".map(d => d.layout.meta.token_index)")
-            page.wait_for_function(div_js + ".length > 0", timeout=30_000)
+            page.wait_for_function(div_js + ".length > 0", timeout=90_000)
             assert page.evaluate(div_js) == [None]
 
             # pick request 2 in the dropdown, as a user would
             label = page.locator("label", has_text="request")
             select = app.locator(".widget-dropdown", has=label).locator("select")
             select.select_option(index=1)
-            page.wait_for_function(div_js + f"[0] === {expected}", timeout=30_000)
+            page.wait_for_function(div_js + f"[0] === {expected}", timeout=90_000)
             plots = page.evaluate(PLOTS_JS)
             title = next(p["title"] for p in plots if p["meta"] and "token_index" in p["meta"])
             assert f"first difference at token {expected}" in title
@@ -213,7 +213,7 @@ def test_inspector_renders_and_reacts_in_jupyterlab(lab, qwen_tokenizer):
             handle.press("Home")
             page.wait_for_function(
                 "() => { const s = document.querySelector('.kvlab-inspector .kv-sim');"
-                " return s && s.textContent === '0.0%'; }", timeout=30_000)
+                " return s && s.textContent === '0.0%'; }", timeout=90_000)
 
             page.wait_for_timeout(500)  # let plotly finish its transition before the picture
             app.first.screenshot(path=str(ARTIFACTS / "inspector.png"))
