@@ -99,7 +99,7 @@ def bench_blas(model: str, repeats: int) -> Table:
 
 # ---- 1. TTFT on the agentic loop -------------------------------------------------------------
 
-def bench_ttft(model, repeats: int, system_tokens: int = 2500, turns: int = 4) -> Table:
+def bench_ttft(model, repeats: int, system_tokens: int = 1000, turns: int = 4) -> Table:
     """Cached TTFT per turn vs the physical limit (prefill only the new tokens on a live cache)."""
     import kvlab as kv
     from .snapshots import prefill
@@ -144,27 +144,44 @@ def bench_ttft(model, repeats: int, system_tokens: int = 2500, turns: int = 4) -
 
 # ---- 2. snapshot + restore cost ----------------------------------------------------------------
 
+def _filled_cache(model, n: int) -> list:
+    """A cache holding n tokens of random KV in the model's exact shapes and buffer layout
+    (snapshot/restore cost depends on shapes, not values; a real 8k prefill takes minutes on CPU)."""
+    import mlx.core as mx
+
+    from .snapshots import make_cache
+
+    cache = make_cache(model)
+    cfg = model.config
+    heads = cfg.get("num_key_value_heads") or cfg["num_attention_heads"]
+    dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    dtype = getattr(mx, model.dtype)
+    for c in cache:
+        for start in range(0, n, 2048):
+            m = min(2048, n - start)
+            kv_ = mx.random.normal((1, heads, m, dim)).astype(dtype)
+            c.update_and_fetch(kv_, kv_)
+        mx.eval(c.state)
+    return cache
+
+
 def bench_snapshot(model, repeats: int, lengths=(256, 512, 1024, 2048, 4096, 8192)) -> Table:
     import kvlab as kv
 
-    longest = min(max(lengths), model.context_length - 1)
-    _, cache = kv.prefill(model, [1000 + (i % 5000) for i in range(longest)])
-    full = kv.snapshot(cache)
     rows = []
     for n in lengths:
-        if n > longest:
-            continue
-        live = kv.restore(kv.trim(full, longest - n))
+        live = _filled_cache(model, n)
         times = []
         for _ in range(max(repeats, 5)):
             t = time.perf_counter()
             kv.restore(kv.snapshot(live))
             times.append(time.perf_counter() - t)
-        rows.append((n, _ms(spread(times)).replace(" ms", ""), kv.snapshot(live).nbytes // 2**20))
+        rows.append((n, _ms(spread(times)).replace(" ms", ""), f"{kv.snapshot(live).nbytes / 2**20:.1f}"))
     return Table(f"snapshot + restore cost vs cached length, model {model.name}",
                  f"kvlab bench --only snapshot --model {model.name} --repeats {repeats}",
                  ("cached tokens", "snapshot+restore ms median ± pstdev (min-max)", "snapshot MiB"),
-                 tuple(rows), "Flat: snapshots are array views; MLX copies on write.")
+                 tuple(rows), "Flat: snapshots are array views; MLX copies on write. The caches hold "
+                 "random KV in the model's shapes (values do not affect the cost).")
 
 
 # ---- 3. memory on prefix repetition -------------------------------------------------------------
@@ -235,28 +252,30 @@ def bench_simulator_table(repeats: int) -> Table:
                  "plain-Python replays, identical results. `speedup` = python replays / stack-distance sweep.")
 
 
-def run(model_name: str = "smollm2", repeats: int = 5, only=None) -> list[Table]:
+def run(model_name: str = "smollm2", repeats: int = 5, only=None, *, on_table=None,
+        ttft_system_tokens: int = 1000) -> list[Table]:
+    """Run the chosen benchmarks; ``on_table(table)`` is called as each one finishes."""
     import kvlab as kv
 
     only = set(only or SECTIONS)
     unknown = only - set(SECTIONS)
     if unknown:
         raise kv.KvlabError(f"unknown benchmark(s) {sorted(unknown)}; choose from {SECTIONS}")
+    model = kv.load(model_name) if only & {"ttft", "snapshot", "memory"} else None
+    steps = {
+        "blas": lambda: bench_blas(model_name, repeats),
+        "ttft": lambda: bench_ttft(model, repeats, ttft_system_tokens),
+        "snapshot": lambda: bench_snapshot(model, repeats),
+        "memory": lambda: bench_memory(model),
+        "hashing": lambda: bench_hashing_table(repeats),
+        "simulator": lambda: bench_simulator_table(repeats),
+    }
     tables = []
-    if "blas" in only:
-        tables.append(bench_blas(model_name, repeats))
-    if only & {"ttft", "snapshot", "memory"}:
-        model = kv.load(model_name)
-        if "ttft" in only:
-            tables.append(bench_ttft(model, repeats))
-        if "snapshot" in only:
-            tables.append(bench_snapshot(model, repeats))
-        if "memory" in only:
-            tables.append(bench_memory(model))
-    if "hashing" in only:
-        tables.append(bench_hashing_table(repeats))
-    if "simulator" in only:
-        tables.append(bench_simulator_table(repeats))
+    for name in SECTIONS:
+        if name in only:
+            tables.append(steps[name]())
+            if on_table is not None:
+                on_table(tables[-1])
     return tables
 
 
@@ -267,17 +286,26 @@ def machine() -> str:
 
 def run_cli(args) -> int:
     only = args.only.split(",") if args.only else None
-    t = time.perf_counter()
-    tables = run(args.model, args.repeats, only)
-    text = "\n".join(t.markdown() for t in tables)
-    print(text)
+    started = time.perf_counter()
     if args.write:
-        header = (f"## Run of {time.strftime('%Y-%m-%d %H:%M')} — {machine()} "
-                  f"({time.perf_counter() - t:.0f} s)\n\n")
+        header = f"## Run of {time.strftime('%Y-%m-%d %H:%M')} — {machine()}\n\n"
         existing = open(args.write).read() if os.path.exists(args.write) else "# kvlab benchmarks\n\n"
-        tmp = args.write + ".tmp"
-        with open(tmp, "w") as f:
-            f.write(existing.rstrip() + "\n\n" + header + text)
-        os.replace(tmp, args.write)
-        print(f"kvlab: appended to {args.write}")
+        _replace(args.write, existing.rstrip() + "\n\n" + header)
+
+    def emit(table: Table) -> None:
+        text = table.markdown()
+        print(text, flush=True)
+        if args.write:
+            _replace(args.write, open(args.write).read() + text + "\n")
+
+    run(args.model, args.repeats, only, on_table=emit, ttft_system_tokens=args.ttft_system_tokens)
+    if args.write:
+        print(f"kvlab: appended to {args.write} ({time.perf_counter() - started:.0f} s)")
     return 0
+
+
+def _replace(path: str, text: str) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)

@@ -83,6 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--repeats", type=int, default=5)
     s.add_argument("--only", default=None, help="comma-separated: ttft,snapshot,memory,hashing,simulator")
     s.add_argument("--write", default=None, help="append the tables to this markdown file")
+    s.add_argument("--ttft-system-tokens", type=int, default=1000,
+                   help="system prompt size of the TTFT agentic loop")
     s.set_defaults(func=_bench)
 
     s = sub.add_parser("simulate", help="replay a trace or workload through a cache policy (no model)")

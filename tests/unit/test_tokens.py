@@ -89,3 +89,26 @@ def test_bad_messages(qwen_tokenizer):
         kv.tokenise(qwen_tokenizer, [{"content": "x"}])
     with pytest.raises(TemplateError, match="text-only"):
         kv.tokenise(qwen_tokenizer, [{"role": "user", "content": [{"type": "image", "image": "x.png"}]}])
+
+
+WORDS = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs", "Cc")), min_size=1,
+                max_size=30).filter(lambda s: "<" not in s and s.strip())
+
+
+@settings(max_examples=40, deadline=None)
+@given(system=WORDS, turns=st.lists(st.tuples(WORDS, WORDS), min_size=1, max_size=3))
+def test_split_properties(qwen_tokenizer, system, turns):
+    msgs = [{"role": "system", "content": system}]
+    for user, reply in turns:
+        msgs += [{"role": "user", "content": user}, {"role": "assistant", "content": reply}]
+    msgs.append({"role": "user", "content": turns[0][0]})
+    t = kv.tokenise(qwen_tokenizer, msgs)
+    for at in ["system", *range(1, len(msgs) + 1)]:
+        s = kv.split_at_boundary(t, at=at)
+        assert s.prefix_ids + s.suffix_ids == t.ids
+        if s.clean:
+            k = s.message_index
+            assert s.prefix_ids == kv.tokenise(qwen_tokenizer, msgs[:k], add_generation_prompt=False).ids
+            assert s.index == t.spans[k - 1].token_end
+        else:
+            assert s.reason
