@@ -23,7 +23,7 @@ setup:
 
 bench:
 	@bash scripts/setup.sh
-	@$(PY) -m kvlab.cli bench --write BENCHMARKS.md
+	@$(PY) -m kvlab.cli bench --model smollm2 --repeats 3 --write BENCHMARKS.md
 
 clean-runs:
 	rm -rf runs test-artifacts
