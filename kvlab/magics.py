@@ -459,7 +459,8 @@ class KvlabMagics(Magics):
         return split_at_boundary(toks, at=at)
 
     def _cmd_diff(self, args, cell, local_ns):
-        from .divergence import diverge, normalise
+        from .divergence import diverge
+        from .normalisation import normalise
 
         self._need_model()
         a, b = (self._messages_of(self._eval(x, local_ns)) for x in args.args)
@@ -518,7 +519,7 @@ class KvlabMagics(Magics):
     def _cmd_run(self, args, cell, local_ns):
         import polars as pl
 
-        from .divergence import normalise
+        from .normalisation import normalise
 
         self._need_model()
         name, requests = self._workload(args, local_ns)

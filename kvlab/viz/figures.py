@@ -389,7 +389,7 @@ def _volatile(ta: Tokens, tb: Tokens) -> list[tuple[int, int, str]]:
     """(token_start, token_end, name) of the volatile fields, in ``ta``'s coordinates."""
     if not (ta.text and tb.text and ta.offsets):
         return []
-    from ..divergence import volatile_fields
+    from ..volatile import volatile_fields
     from ..errors import KvlabError
 
     try:

@@ -11,8 +11,9 @@ from hypothesis import strategies as st
 
 import kvlab as kv
 from kvlab.blocks import TokenIdError, block_hashes
-from kvlab.divergence import (BILLING_HEADER, DEFAULT_RULES, Divergence, Rule, RuleError,
-                              VolatileField, diverge, normalise, normalise_text, volatile_fields)
+from kvlab.divergence import Divergence, diverge
+from kvlab.normalisation import BILLING_HEADER, DEFAULT_RULES, Rule, RuleError, normalise, normalise_text
+from kvlab.volatile import VolatileField, volatile_fields
 from kvlab.errors import TemplateError
 from kvlab.tokens import tokenise
 
