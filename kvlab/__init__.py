@@ -15,7 +15,7 @@ import importlib
 
 from .errors import (BlockSizeError, BoundaryError, BudgetError, ImageError, KvlabError,
                      ModelNotFoundError, NotTrimmableError, RequestError, SnapshotError,
-                     TemplateError, TraceError)
+                     TemplateError, TokenIdError, TraceError)
 
 __version__ = "0.1.0"
 
@@ -33,15 +33,16 @@ _LAZY = {
     "DEFAULT_RULES": "normalisation", "VolatileField": "volatile",
     "Engine": "engine", "Result": "engine",
     "RadixStore": "stores", "PagedStore": "stores", "SystemPromptStore": "stores",
-    "MlxLmLRUStore": "stores",
+    "MlxLmLRUStore": "stores", "make_store": "stores", "StoreEvent": "stores",
+    "CacheKey": "keys", "cache_key": "keys", "Request": "request", "Workload": "request",
     "simulate": "simulator", "sweep": "simulator",
     "Inspector": "viz.widgets",
 }
-_SUBMODULES = {"workloads", "traces", "viz", "bench", "runner", "stores", "magics"}
+_SUBMODULES = {"workloads", "traces", "viz", "bench", "runner", "stores", "magics", "keys", "tokens"}
 
 _ERRORS = {"BlockSizeError", "BoundaryError", "BudgetError", "ImageError", "KvlabError",
            "ModelNotFoundError", "NotTrimmableError", "RequestError", "SnapshotError",
-           "TemplateError", "TraceError"}
+           "TemplateError", "TokenIdError", "TraceError"}
 __all__ = sorted(set(_LAZY) | _SUBMODULES | _ERRORS | {"load_ipython_extension"})
 
 

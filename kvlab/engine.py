@@ -21,9 +21,11 @@ from mlx_lm.generate import generate_step
 
 from . import _blas
 from .errors import KvlabError, NotTrimmableError, RequestError, SnapshotError
+from .keys import CacheKey, cache_key
+from .request import Request
 from .snapshots import advance, make_cache, non_trimmable_layers, prefill, restore, snapshot, trim
-from .stores.base import MISS, CacheKey
-from .tokens import Tokens, common_prefix_len, from_ids, tokenise
+from .stores.base import MISS, StoreEvent
+from .tokens import Tokens, common_prefix_len, is_id_sequence
 
 KEYINGS = ("prompt", "prompt+output")
 EVENT_SCHEMA = {"request": pl.Int64, "event": pl.Utf8, "tokens": pl.Int64, "bytes": pl.Int64,
@@ -115,52 +117,53 @@ class Engine:
         self._last_prompt_len = 0
         self._last_messages: tuple | None = None
         self._listeners: list = []
-        self._runner = model  # kvlab.vlm hook: what runs ids (the model, or a VLM bound to a request)
+        self._net = model.net  # what runs the current request's ids (model.for_request)
 
     # -- running ----------------------------------------------------------------------------------
     def tokens_of(self, request) -> tuple[Tokens, tuple, str | None, int | None]:
-        """(Tokens, extra-key spans, salt, max_tokens) for any accepted request form."""
+        """(Tokens, extra-key spans, salt, max_tokens) of any accepted request form: chat messages,
+        text, token ids, ``Tokens`` or a ``kv.workloads.Request``. Ids outside the model's
+        vocabulary raise TokenIdError naming the position."""
         extra, salt, max_tokens = (), None, None
-        if hasattr(request, "messages") and hasattr(request, "ids") and not isinstance(request, Tokens):
-            extra = tuple(getattr(request, "extra_keys", ()) or ())
-            salt = getattr(request, "salt", None)
-            max_tokens = getattr(request, "max_tokens", None)
-            request = request.messages if request.messages is not None else request.ids
+        if isinstance(request, Request):
+            extra, salt, max_tokens = request.extra_keys, request.salt, request.max_tokens
+            request = list(request.messages) if request.messages is not None else list(request.ids)
         if isinstance(request, Tokens):
-            toks = request
-        elif isinstance(request, (list, tuple)) and request and all(isinstance(x, int) for x in request):
-            toks = from_ids(request, self.model.tokenizer)
-        elif isinstance(request, (list, tuple, str)):
+            self.model.check_ids(request.ids)
+            return request, extra, salt, max_tokens
+        if isinstance(request, (list, tuple, str)) or is_id_sequence(request):
             if len(request) == 0:
                 raise RequestError("empty request: pass messages, text or token ids")
-            toks = tokenise(self.model, request)
-        else:
-            raise RequestError(f"cannot run a {type(request).__name__}: pass a list of messages, "
-                               "a string, token ids, Tokens or a kv.workloads.Request")
-        if self.image_keys:
-            extra = extra + tuple((im.token_start, im.token_end, im.hash) for im in toks.images)
-        return toks, extra, salt, max_tokens
+            return self.model.tokenise(request), extra, salt, max_tokens
+        raise RequestError(f"cannot run a {type(request).__name__}: pass a list of messages, "
+                           "a string, token ids, Tokens or a kv.workloads.Request")
+
+    def key_of(self, request, *, extra_keys=(), salt=None) -> CacheKey:
+        """The cache key this engine gives ``request`` (its images' hashes unless image_keys=False)."""
+        toks, extra, req_salt, _ = self.tokens_of(request)
+        return cache_key(toks, extra_keys=tuple(extra_keys) + tuple(extra),
+                         salt=salt if salt is not None else req_salt, image_keys=self.image_keys)
 
     def run(self, request, max_tokens: int | None = None, *, extra_keys=(), salt=None) -> Result:
         """Run one request: look up, restore, prefill the rest, decode greedily, insert, record."""
         toks, extra, req_salt, req_max = self.tokens_of(request)
-        # kvlab.vlm hook: a VLM binds each request's images and M-RoPE positions (kvlab/vlm.py)
-        self._runner = self.model.for_request(toks) if hasattr(self.model, "for_request") else self.model
+        self._net = self.model.for_request(toks)  # a VLM binds the request's images and positions
         max_tokens = max_tokens if max_tokens is not None else (req_max or self.max_tokens)
         ids = toks.ids
-        limit = getattr(self.model, "context_length", None)
+        limit = self.model.context_length
         if not ids:
             raise RequestError("empty request: it has no tokens")
         if limit and len(ids) + max_tokens > limit:
             raise RequestError(f"request of {len(ids)} tokens + {max_tokens} to generate exceeds the "
                                f"model's context of {limit} tokens; shorten it or lower max_tokens")
-        key = CacheKey(ids, tuple(extra_keys) + extra, salt if salt is not None else req_salt)
+        key = cache_key(toks, extra_keys=tuple(extra_keys) + tuple(extra),
+                        salt=salt if salt is not None else req_salt, image_keys=self.image_keys)
         rid = next(self._ids)
         drift = self._drift(toks)
         start = time.perf_counter()
 
         match, why = (MISS, "no store") if self.store is None else (
-            self.store.lookup(key, limit=len(ids) - 1, **self._store_kw(toks)), "")
+            self.store.lookup(key, toks, limit=len(ids) - 1), "")
         lookup_s = time.perf_counter() - start
         why = match.why or why
         self._event(rid, "lookup", len(ids), 0, None, match.kind)
@@ -191,16 +194,14 @@ class Engine:
 
         seq = ids
         if self.keying == "prompt+output":
-            offset = max((c.offset for c in cache if hasattr(c, "offset")), default=len(ids))
-            seq = (ids + tuple(out))[:offset]
+            seq = (ids + tuple(out))[:snapshot(cache).offset]
         if self.store is not None:
             # stores refresh (not replace) an entry they already hold for the same tokens
             if self.keying == "prompt":
-                self.store.insert(key, prompt_snap, kind="prompt", **self._store_kw(toks))
+                self.store.insert(key, toks, prompt_snap, kind="prompt")
             else:
-                self.store.insert(CacheKey(seq, key.extra_keys, key.salt),
-                                  snapshot(cache, tokens=seq, model=self.model),
-                                  kind="prompt+output", **self._store_kw(toks))
+                self.store.insert(CacheKey(seq, key.extra_keys, key.salt), toks,
+                                  snapshot(cache, tokens=seq, model=self.model), kind="prompt+output")
         self._last_cached, self._last_prompt_len, self._last_messages = seq, len(ids), toks.messages
         evictions = self._drain(rid)
         verify_diff = self._verify(ids, logits) if self.verify and reused else (0.0 if self.verify else None)
@@ -220,13 +221,9 @@ class Engine:
             self.run(request, max_tokens)
         return self.results_frame()
 
-    def _store_kw(self, toks: Tokens) -> dict:
-        # the optional protocol hook: stores that split conversations need the rendered Tokens
-        return {"tokens": toks} if getattr(self.store, "wants_tokens", False) else {}
-
     def _check_model(self, snap) -> None:
-        mine = getattr(self.model, "fingerprint", None)
-        if snap.fingerprint is not None and mine is not None and snap.fingerprint != mine:
+        mine = self.model.fingerprint
+        if snap.fingerprint is not None and snap.fingerprint != mine:
             raise SnapshotError(f"the store returned KV made by model {snap.fingerprint[:12]}, but "
                                 f"this engine runs model {mine[:12]}: KV from another model is "
                                 "meaningless; give each model its own store")
@@ -243,24 +240,24 @@ class Engine:
         pos, checkpoints = reused, 0
         for b in bounds:
             self._advance(ids[pos:b], cache)
-            self.store.insert(key.prefix(b), snapshot(cache, tokens=ids[:b], model=self.model),
-                              kind="checkpoint", **self._store_kw(toks))
+            self.store.insert(key.prefix(b), toks, snapshot(cache, tokens=ids[:b], model=self.model),
+                              kind="checkpoint")
             pos, checkpoints = b, checkpoints + 1
         return *self._forward(ids[pos:], cache), checkpoints
 
     def _advance(self, ids, cache) -> None:
-        advance(self._runner, ids, cache)
+        advance(self._net, ids, cache)
 
     def _forward(self, ids, cache):
         """(last-position logits, cache) after running ids into cache."""
-        return prefill(self._runner, ids, make_cache(self.model) if cache is None else cache)
+        return prefill(self._net, ids, make_cache(self.model) if cache is None else cache)
 
     def _decode(self, first: int, cache, max_tokens: int) -> list[int]:
         out = [first]
-        eos = set(getattr(self.model.tokenizer, "eos_token_ids", ()) or ())
+        eos = set(self.model.tokenizer.eos_token_ids)
         if max_tokens <= 1 or first in eos:
             return out[:max_tokens]
-        for token, _ in generate_step(mx.array([first]), getattr(self._runner, "model", self._runner),
+        for token, _ in generate_step(mx.array([first]), self._net,
                                       max_tokens=max_tokens - 1, sampler=_greedy, prompt_cache=cache):
             out.append(int(token))
             if token in eos:
@@ -296,15 +293,11 @@ class Engine:
                              "t": time.perf_counter() - self._t0, "detail": detail})
 
     def _drain(self, rid) -> int:
-        evictions = 0
-        for row in (self.store.drain_events() if self.store is not None else ()):
-            detail = row.get("reason") or row.get("kind")
-            self._event(rid, row["event"], row["tokens"], row["bytes"], row.get("entry"), detail)
-            if row["event"] == "evict" and row.get("reason") == "lru":
-                evictions += 1
-            if row["event"] == "block_removed":
-                evictions += 1
-        return evictions
+        """Move the store's events into the frame; the evictions made to free room."""
+        events: list[StoreEvent] = self.store.drain_events() if self.store is not None else []
+        for ev in events:
+            self._event(rid, ev.event, ev.tokens, ev.nbytes, ev.entry, ev.detail)
+        return sum(ev.capacity for ev in events)
 
     @property
     def events(self) -> pl.DataFrame:
@@ -337,8 +330,8 @@ class Engine:
 
     def __repr__(self) -> str:
         s = self.stats()
-        store = getattr(self.store, "name", "none")
-        return (f"Engine({getattr(self.model, 'name', 'model')}, store={store}, keying={self.keying}: "
+        store = self.store.name if self.store is not None else "none"
+        return (f"Engine({self.model.name}, store={store}, keying={self.keying}: "
                 f"{s['requests']} requests, token hit {s['token_hit_rate']:.1%}, "
                 f"request hit {s['request_hit_rate']:.1%})")
 

@@ -18,6 +18,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from filelock import FileLock
+
 from . import _blas
 
 KERNEL_NAME = "kvlab"
@@ -93,28 +95,12 @@ def ensure_kernelspec(name: str = KERNEL_NAME) -> str | None:
     if is_current(name):
         return name
     try:
-        with _install_lock():  # parallel runs (pytest -n, sweeps) must not install at once
+        with FileLock(Path(sys.prefix) / ".kvlab-kernelspec.lock"):  # parallel runs (pytest -n, sweeps) must not install at once
             if not is_current(name):
                 install_kernelspec(prefix=sys.prefix, name=name)
     except OSError:
         return None
     return name if is_current(name) else None
-
-
-class _install_lock:
-    def __enter__(self):
-        try:
-            import fcntl
-        except ImportError:  # no POSIX locks: concurrent installs just redo the same copy
-            self.fh = None
-            return self
-        self.fh = open(Path(tempfile.gettempdir()) / "kvlab-kernelspec.lock", "a")
-        fcntl.flock(self.fh, fcntl.LOCK_EX)
-        return self
-
-    def __exit__(self, *exc):
-        if self.fh is not None:
-            self.fh.close()  # closing releases the lock
 
 
 def launch_env(env: dict | None = None) -> dict:

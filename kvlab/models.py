@@ -20,11 +20,11 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from filelock import FileLock
 
 from . import _blas
 
@@ -35,6 +35,7 @@ from mlx.utils import tree_flatten, tree_unflatten  # noqa: E402
 
 from . import gguf  # noqa: E402
 from .errors import KvlabError, ModelNotFoundError  # noqa: E402
+from .tokens import Tokens, check_ids, tokenise_text, vocab_limit  # noqa: E402
 
 DTYPES = ("float16", "bfloat16", "float32")
 NAMES = ("smollm2", "tiny", "tiny-hybrid")
@@ -45,7 +46,7 @@ TINY_SEED = 0
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "added_tokens.json", "vocab.json", "merges.txt", "tokenizer.model",
                    "chat_template.jinja", "chat_template.json")
-_QWEN_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt")
+QWEN_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt")
 _HOW = ("pass a local mlx-lm model folder (config.json + *.safetensors, e.g. one made by "
         "`mlx_lm.convert`) or one of the known names: " + ", ".join(NAMES) +
         "; kvlab never downloads models")
@@ -93,11 +94,41 @@ class Model:
 
         return get_total_parameters(self.model)
 
+    @property
+    def net(self):
+        """The mlx-lm module that runs ids: ``net(ids[1, L], cache=...) -> logits``."""
+        return self.model
+
+    @property
+    def vocab_size(self) -> int:
+        """Rows of the embedding table: the token ids this model can run, [0, vocab_size)."""
+        for cfg in (self.config, self.config.get("text_config") or {}):
+            if isinstance(cfg.get("vocab_size"), int):
+                return cfg["vocab_size"]
+        return vocab_limit(self.tokenizer)
+
     def make_cache(self) -> list:
         """A fresh mlx-lm prompt cache (one entry per layer)."""
         from mlx_lm.models.cache import make_prompt_cache
 
         return make_prompt_cache(self.model)
+
+    def tokenise(self, messages_or_text, *, add_generation_prompt: bool = True, **template_kwargs) -> Tokens:
+        """The conversation (or text, or token ids) as ``Tokens``; ids outside the vocabulary raise
+        TokenIdError. ``kv.tokenise(model, x)`` calls this."""
+        toks = tokenise_text(self.tokenizer, messages_or_text,
+                             add_generation_prompt=add_generation_prompt, **template_kwargs)
+        self.check_ids(toks.ids)
+        return toks
+
+    def check_ids(self, ids, what: str = "token ids") -> tuple[int, ...]:
+        """``ids`` as ints, or TokenIdError naming the first one outside ``[0, vocab_size)``."""
+        return check_ids(ids, self.vocab_size, what)
+
+    def for_request(self, tokens: Tokens):
+        """The net that runs this request's ids (``net(ids[1, L], cache=...) -> logits``): a text
+        model's own net; a VLM's net bound to the request's images (kv.VLModel)."""
+        return self.net
 
     def _fields(self) -> dict:
         return {"name": self.name, "arch": self.arch, "layers": self.num_layers,
@@ -211,13 +242,13 @@ def _ensure_smollm2(dtype: str, with_status: bool = False):
     expect = {"name": "smollm2", "builder": f"gguf-{gguf.CONVERTER_VERSION}", "dtype": dtype,
               "source": {"file": source.name, "bytes": source.stat().st_size}}
     folder = kvlab_home() / "models" / f"smollm2-135m-instruct-{dtype}"
-    result = _ensure(folder, expect, lambda tmp: gguf.convert_gguf(source, tmp, dtype))
+    result = ensure_folder(folder, expect, lambda tmp: gguf.convert_gguf(source, tmp, dtype))
     return result if with_status else result[0]
 
 
 def tiny_config(hybrid: bool = False) -> dict:
     """The config.json of "tiny" (qwen3) or "tiny-hybrid" (lfm2: conv and attention layers)."""
-    common = {"vocab_size": _qwen_vocab_size(), "hidden_size": 64,
+    common = {"vocab_size": qwen_vocab_size(), "hidden_size": 64,
               "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
               "max_position_embeddings": 4096, "rope_theta": 1e6, "tie_word_embeddings": True,
               "bos_token_id": 151643, "eos_token_id": [151645, 151643], "torch_dtype": "float32"}
@@ -232,7 +263,7 @@ def tiny_config(hybrid: bool = False) -> dict:
 
 
 @functools.lru_cache(maxsize=1)
-def _qwen_vocab_size() -> int:
+def qwen_vocab_size() -> int:
     """Base vocab plus added tokens (151669), read from tokenizer.json without building it."""
     tok = json.loads((qwen_tokenizer_dir() / "tokenizer.json").read_text(encoding="utf-8"))
     return 1 + max(max(tok["model"]["vocab"].values()), *(t["id"] for t in tok["added_tokens"]))
@@ -242,10 +273,10 @@ def _ensure_tiny(hybrid: bool, with_status: bool = False):
     cfg = tiny_config(hybrid)
     expect = {"name": "tiny-hybrid" if hybrid else "tiny", "builder": f"tiny-{TINY_VERSION}",
               "seed": TINY_SEED, "dtype": "float32",
-              "source": {"tokenizer_sha256": _digest_files(qwen_tokenizer_dir(), _QWEN_FILES)}}
-    digest = _sha256_json({"config": cfg, **expect})[:12]
+              "source": {"tokenizer_sha256": digest_files(qwen_tokenizer_dir(), QWEN_FILES)}}
+    digest = sha256_json({"config": cfg, **expect})[:12]
     folder = kvlab_home() / "models" / f"tiny-{cfg['model_type']}-{digest}"
-    result = _ensure(folder, expect, lambda tmp: _build_tiny(tmp, cfg))
+    result = ensure_folder(folder, expect, lambda tmp: _build_tiny(tmp, cfg))
     return result if with_status else result[0]
 
 
@@ -267,19 +298,19 @@ def _build_tiny(out: Path, cfg: dict) -> None:
             value = rng.standard_normal(p.shape, dtype=np.float32) * np.float32(std)
         params[name] = mx.array(value)
     model.update(tree_unflatten(list(params.items())))
-    for fname in _QWEN_FILES:
+    for fname in QWEN_FILES:
         shutil.copyfile(qwen_tokenizer_dir() / fname, out / fname)
     (out / "config.json").write_text(json.dumps(cfg, indent=2))
     mx.save_safetensors(str(out / "model.safetensors"), params, metadata={"format": "mlx"})
 
 
-def _ensure(folder: Path, expect: dict, build) -> tuple[Path, bool]:
+def ensure_folder(folder: Path, expect: dict, build) -> tuple[Path, bool]:
     """Build `folder` once: in a temp sibling, manifest written last, then renamed into place."""
-    if _manifest(folder, expect):
+    if read_manifest(folder, expect):
         return folder, False
     folder.parent.mkdir(parents=True, exist_ok=True)
-    with _lock(folder.parent / f".{folder.name}.lock"):
-        if _manifest(folder, expect):  # another process built it while we waited
+    with FileLock(folder.parent / f".{folder.name}.lock"):
+        if read_manifest(folder, expect):  # another process built it while we waited
             return folder, False
         for stale in folder.parent.glob(f".{folder.name}.tmp-*"):
             shutil.rmtree(stale, ignore_errors=True)
@@ -290,9 +321,9 @@ def _ensure(folder: Path, expect: dict, build) -> tuple[Path, bool]:
             build(tmp)
             weights = sorted(tmp.glob("model*.safetensors"))
             manifest = {"kvlab_manifest": MANIFEST_VERSION, **expect,
-                        "weights_sha256": _digest_files(tmp, [w.name for w in weights]),
+                        "weights_sha256": digest_files(tmp, [w.name for w in weights]),
                         "weights_bytes": {w.name: w.stat().st_size for w in weights},
-                        "tokenizer_sha256": _digest_files(tmp, TOKENIZER_FILES),
+                        "tokenizer_sha256": digest_files(tmp, TOKENIZER_FILES),
                         "build_seconds": round(time.perf_counter() - start, 2)}
             (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2))
             if folder.exists():  # an invalid leftover (older builder): move aside, then delete
@@ -306,7 +337,7 @@ def _ensure(folder: Path, expect: dict, build) -> tuple[Path, bool]:
     return folder, True
 
 
-def _manifest(folder: Path, expect: dict | None = None) -> dict | None:
+def read_manifest(folder: Path, expect: dict | None = None) -> dict | None:
     """The folder's manifest if it is complete (and matches `expect`), else None."""
     try:
         manifest = json.loads((folder / MANIFEST).read_text())
@@ -320,19 +351,6 @@ def _manifest(folder: Path, expect: dict | None = None) -> dict | None:
     return manifest
 
 
-@contextmanager
-def _lock(path: Path):
-    try:
-        import fcntl
-    except ImportError:  # no POSIX locks: concurrent builders just duplicate work
-        yield
-        return
-    with open(path, "a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 # -- loading and fingerprints --------------------------------------------------------------------
@@ -344,30 +362,30 @@ def _load_folder(folder: Path, name: str, dtype: str | None) -> Model:
         model, tokenizer = mlx_lm.load(str(folder))  # an existing local folder: never the hub
     except (ValueError, FileNotFoundError, KeyError) as e:
         raise ModelNotFoundError(f"mlx-lm cannot load {folder}: {e}. {_HOW}") from e
-    stored = _stored_dtype(model)
+    stored = stored_dtype(model)
     if dtype is None:
         dtype = default_dtype() if stored in ("float16", "bfloat16") else stored
     if dtype != stored:
         model.set_dtype(getattr(mx, dtype))
     config = json.loads((folder / "config.json").read_text())
-    manifest = _manifest(folder)
+    manifest = read_manifest(folder)
     if manifest:
         weights, tok = manifest["weights_sha256"], manifest["tokenizer_sha256"]
     else:
-        weights = _digest_files(folder, sorted(p.name for p in folder.glob("model*.safetensors")))
-        tok = _digest_files(folder, TOKENIZER_FILES)
-    fp = _sha256_json({"config": config, "weights": weights, "tokenizer": tok, "dtype": dtype})
-    context = _context_length(config, tokenizer)
+        weights = digest_files(folder, sorted(p.name for p in folder.glob("model*.safetensors")))
+        tok = digest_files(folder, TOKENIZER_FILES)
+    fp = sha256_json({"config": config, "weights": weights, "tokenizer": tok, "dtype": dtype})
+    context = context_length_of(config, tokenizer)
     return Model(name, model, tokenizer, fp, folder, config, dtype, context)
 
 
-def _stored_dtype(model) -> str:
+def stored_dtype(model) -> str:
     kinds = Counter(str(p.dtype).rsplit(".", 1)[-1] for _, p in tree_flatten(model.parameters())
                     if mx.issubdtype(p.dtype, mx.floating))
     return kinds.most_common(1)[0][0] if kinds else "float32"
 
 
-def _context_length(config: dict, tokenizer) -> int:
+def context_length_of(config: dict, tokenizer) -> int:
     for cfg in (config, config.get("text_config") or {}):
         for key in ("max_position_embeddings", "max_sequence_length", "seq_length", "n_positions",
                     "n_ctx", "context_length"):
@@ -377,11 +395,11 @@ def _context_length(config: dict, tokenizer) -> int:
     return limit if isinstance(limit, int) and limit < 10**9 else 0  # 0: unknown
 
 
-def _sha256_json(obj) -> str:
+def sha256_json(obj) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def _digest_files(folder: Path, names) -> str:
+def digest_files(folder: Path, names) -> str:
     """sha256 over (name, sha256 of bytes) of those `names` present in `folder`, streamed."""
     outer = hashlib.sha256()
     for name in sorted(names):

@@ -19,7 +19,7 @@ import json
 import os
 import tempfile
 from dataclasses import dataclass, replace
-from typing import Any, Sequence
+from typing import Any, Protocol, Sequence, runtime_checkable
 
 import mlx.core as mx
 import xxhash
@@ -27,6 +27,7 @@ from mlx.utils import tree_flatten, tree_map
 from mlx_lm.models import cache as mlx_cache
 
 from .errors import NotTrimmableError, SnapshotError
+from .units import fmt_bytes
 
 FORMAT_VERSION = 1
 PREFILL_STEP = 2048
@@ -72,25 +73,17 @@ class Snapshot:
     def __repr__(self) -> str:
         kinds = sorted(set(self.kinds))
         return (f"Snapshot({self.offset} tokens, {len(self.layers)} layers {'/'.join(kinds)}, "
-                f"{_fmt_bytes(self.nbytes)})")
+                f"{fmt_bytes(self.nbytes)})")
 
     def _repr_html_(self) -> str:
         rows = "".join(
             f"<tr><td>{i}</td><td>{html.escape(layer.kind)}</td><td>{layer.tokens}</td>"
-            f"<td>{_fmt_bytes(layer.nbytes)}</td></tr>" for i, layer in enumerate(self.layers[:64]))
+            f"<td>{fmt_bytes(layer.nbytes)}</td></tr>" for i, layer in enumerate(self.layers[:64]))
         fp = (self.fingerprint or "—")[:12]
-        return (f"<div><b>Snapshot</b> {self.offset} tokens · {_fmt_bytes(self.nbytes)} · "
+        return (f"<div><b>Snapshot</b> {self.offset} tokens · {fmt_bytes(self.nbytes)} · "
                 f"model {fp} · {'trimmable' if self.trimmable else 'not trimmable'}"
                 f"<table><tr><th>layer</th><th>cache</th><th>tokens</th><th>bytes</th></tr>{rows}"
                 f"</table></div>")
-
-
-def _fmt_bytes(n: int) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1024 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
 
 
 def _view(x):
@@ -222,21 +215,42 @@ def trim(snap: Snapshot, n: int) -> Snapshot:
     return replace(snapshot(live), token_ids=ids, fingerprint=snap.fingerprint)
 
 
-def _module(model):
-    return getattr(model, "model", model)
+@runtime_checkable
+class Runnable(Protocol):
+    """A kvlab model (kv.Model, kv.VLModel): ``net`` runs token ids with mlx-lm's signature
+    ``net(ids[1, L], cache=...) -> logits[1, L, vocab]``; ``make_cache()`` builds its cache;
+    ``check_ids`` rejects ids outside its vocabulary. Bare nets (an mlx-lm model, a VLM bound to
+    one request) are accepted wherever a model is, unchecked."""
+
+    net: Any
+
+    def make_cache(self) -> list: ...
+
+    def check_ids(self, ids, what: str = "token ids") -> tuple[int, ...]: ...
+
+
+def net_of(model):
+    """What runs ids: a kvlab model's ``net``, or the net itself."""
+    return model.net if isinstance(model, Runnable) else model
 
 
 def make_cache(model) -> list:
-    """A fresh mlx-lm prompt cache for ``model`` (a kvlab Model or an mlx-lm model)."""
-    return mlx_cache.make_prompt_cache(_module(model))
+    """A fresh mlx-lm prompt cache for ``model`` (a kvlab model or an mlx-lm net)."""
+    return model.make_cache() if isinstance(model, Runnable) else mlx_cache.make_prompt_cache(model)
+
+
+def _checked(model, ids) -> list[int]:
+    ids = list(getattr(ids, "ids", ids))
+    return list(model.check_ids(ids)) if isinstance(model, Runnable) else [int(i) for i in ids]
 
 
 def advance(model, ids, cache) -> list:
     """Run ``ids`` into ``cache`` without computing logits (as mlx-lm's generate_step prefill
     does: with a 150k vocabulary the output projection of every position dominates small models)."""
-    net = _module(model)
+    net = net_of(model)
+    ids = _checked(model, ids)
     for start in range(0, len(ids), PREFILL_STEP):
-        net(mx.array(list(ids[start : start + PREFILL_STEP]))[None], cache=cache)
+        net(mx.array(ids[start : start + PREFILL_STEP])[None], cache=cache)
         mx.eval([c.state for c in cache])
     return cache
 
@@ -249,10 +263,10 @@ def prefill(model, ids, cache=None, *, all_logits: bool = False):
     Example:
         >>> logits, cache = kv.prefill(m, kv.tokenise(m, msgs).ids)
     """
-    ids = list(getattr(ids, "ids", ids))
+    ids = _checked(model, ids)
     if not ids:
         raise SnapshotError("prefill needs at least one token id")
-    net = _module(model)
+    net = net_of(model)
     cache = make_cache(model) if cache is None else cache
     if not all_logits:
         advance(model, ids[:-1], cache)

@@ -10,9 +10,9 @@ from __future__ import annotations
 import html
 import re
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Protocol, Sequence, runtime_checkable
 
-from .errors import TemplateError
+from .errors import TemplateError, TokenIdError
 
 KNOWN_ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})
 ROLE_COLOURS = {
@@ -100,15 +100,62 @@ class Tokens:
                 f'<div style="white-space:pre-wrap;line-height:1.6">{"".join(cells)}{more}</div></div>')
 
 
-def _tokenizer_of(model_or_tokenizer):
-    return getattr(model_or_tokenizer, "tokenizer", model_or_tokenizer)
+@runtime_checkable
+class Tokeniser(Protocol):
+    """What a model offers to turn a conversation into ``Tokens`` (kv.Model and kv.VLModel do).
+
+    ``kv.tokenise(model, x)`` calls ``model.tokenise(x)``; a bare tokenizer takes the text path.
+    """
+
+    tokenizer: Any
+
+    def tokenise(self, messages_or_text, *, add_generation_prompt: bool = True,
+                 **template_kwargs) -> "Tokens": ...
 
 
-def _hf(tokenizer):
-    """The Hugging Face tokenizer inside mlx-lm's TokenizerWrapper (or the tokenizer itself)."""
+def tokenizer_of(model_or_tokenizer):
+    """The mlx-lm tokenizer of a kvlab model (or the tokenizer itself)."""
+    return model_or_tokenizer.tokenizer if isinstance(model_or_tokenizer, Tokeniser) else model_or_tokenizer
+
+
+def hf_tokenizer(obj):
+    """The Hugging Face tokenizer inside a kvlab model, mlx-lm's TokenizerWrapper, or itself.
+
+    Example:
+        >>> hf_tokenizer(kv.load("tiny")).decode([14990])
+        'hello'
+    """
     from mlx_lm.tokenizer_utils import TokenizerWrapper
 
-    return tokenizer._tokenizer if isinstance(tokenizer, TokenizerWrapper) else tokenizer
+    obj = tokenizer_of(obj)
+    return obj._tokenizer if isinstance(obj, TokenizerWrapper) else obj
+
+
+def vocab_limit(tokenizer) -> int:
+    """How many token ids the tokenizer knows (base vocabulary plus added tokens)."""
+    return len(hf_tokenizer(tokenizer))
+
+
+def check_ids(ids: Sequence[int], vocab_size: int, what: str = "token ids") -> tuple[int, ...]:
+    """``ids`` as a tuple of ints, or a TokenIdError naming the first id outside ``[0, vocab_size)``.
+
+    MLX gathers embeddings without a bounds check, so an id past the vocabulary crashes the
+    process (a notebook kernel dies) and a negative one silently wraps: check where ids enter.
+
+    Example:
+        >>> check_ids([5, 7], 10)
+        (5, 7)
+    """
+    out = []
+    for i, x in enumerate(ids):
+        if isinstance(x, bool) or not isinstance(x, int) and not hasattr(x, "__index__"):
+            raise TokenIdError(f"{what}: position {i} holds {x!r} ({type(x).__name__}), not an int")
+        v = int(x)
+        if not 0 <= v < vocab_size:
+            raise TokenIdError(f"{what}: position {i} holds id {v}, outside this model's vocabulary "
+                               f"[0, {vocab_size}); tokenise text with kv.tokenise(model, ...)")
+        out.append(v)
+    return tuple(out)
 
 
 def validate_messages(messages: Sequence[dict]) -> list[dict]:
@@ -128,7 +175,7 @@ def validate_messages(messages: Sequence[dict]) -> list[dict]:
 
 def render(tokenizer, messages, *, add_generation_prompt=True, **template_kwargs) -> str:
     """The chat template's rendering of ``messages`` as text."""
-    hf = _hf(tokenizer)
+    hf = hf_tokenizer(tokenizer)
     if not getattr(hf, "chat_template", None):
         raise TemplateError("this tokenizer has no chat template; pass plain text or token ids, "
                             "or load a model whose tokenizer_config.json has a chat_template")
@@ -140,12 +187,12 @@ def render(tokenizer, messages, *, add_generation_prompt=True, **template_kwargs
 
 
 def encode_with_offsets(tokenizer, text: str, add_special_tokens=False):
-    hf = _hf(tokenizer)
+    hf = hf_tokenizer(tokenizer)
     enc = hf(text, add_special_tokens=add_special_tokens, return_offsets_mapping=True)
     return tuple(enc["input_ids"]), tuple(tuple(o) for o in enc["offset_mapping"])
 
 
-def _message_char_spans(tokenizer, messages, text, template_kwargs):
+def message_char_spans(tokenizer, messages, text, template_kwargs) -> list[tuple[int, int]]:
     """Each message's characters: the growth of the rendering as messages are added.
 
     Templates that rewrite history (Qwen3 drops <think> from earlier turns) make a partial
@@ -192,7 +239,8 @@ def common_prefix_len(a, b) -> int:
     return n
 
 
-def _char_to_token_span(offsets, c0, c1):
+def char_to_token_span(offsets, c0, c1) -> tuple[int, int]:
+    """The tokens [t0, t1) that cover characters [c0, c1), given each token's (start, end)."""
     t0 = next((i for i, (a, b) in enumerate(offsets) if b > c0), len(offsets))
     t1 = next((i for i, (a, b) in enumerate(offsets) if a >= c1 and i >= t0), len(offsets))
     return t0, t1
@@ -201,8 +249,9 @@ def _char_to_token_span(offsets, c0, c1):
 def tokenise(model, messages_or_text, *, add_generation_prompt=True, **template_kwargs) -> Tokens:
     """Render a conversation through the chat template and tokenise it, keeping message spans.
 
-    ``messages_or_text`` is a list of ``{"role", "content"}`` dicts (rendered with the chat
-    template), a plain string (tokenised as it is), or a sequence of token ids.
+    ``model`` is a kvlab model (its own ``tokenise`` runs: a VLM expands image placeholders) or
+    a bare tokenizer. ``messages_or_text`` is a list of ``{"role", "content"}`` dicts (rendered
+    with the chat template), a plain string (tokenised as it is), or a sequence of token ids.
 
     Example:
         >>> t = kv.tokenise(m, [{"role": "system", "content": "Be brief."},
@@ -210,18 +259,22 @@ def tokenise(model, messages_or_text, *, add_generation_prompt=True, **template_
         >>> [s.role for s in t.spans]
         ['system', 'user']
     """
-    tokenizer = _tokenizer_of(model)
-    vlm = getattr(model, "tokenise_images", None)
-    if vlm is not None and isinstance(messages_or_text, (list, tuple)) and _has_content_lists(messages_or_text):
-        return vlm(messages_or_text, add_generation_prompt=add_generation_prompt, **template_kwargs)
+    if isinstance(model, Tokeniser):
+        return model.tokenise(messages_or_text, add_generation_prompt=add_generation_prompt,
+                              **template_kwargs)
+    return tokenise_text(model, messages_or_text, add_generation_prompt=add_generation_prompt,
+                         **template_kwargs)
+
+
+def tokenise_text(tokenizer, messages_or_text, *, add_generation_prompt=True, **template_kwargs) -> Tokens:
+    """``tokenise`` for text-only conversations with an mlx-lm (or Hugging Face) tokenizer."""
     if isinstance(messages_or_text, str):
         ids, offsets = encode_with_offsets(tokenizer, messages_or_text)
         if not ids:
             raise TemplateError("empty text: nothing to tokenise")
         span = Span(0, "text", 0, len(ids), 0, len(messages_or_text))
         return Tokens(ids, messages_or_text, (span,), offsets, None, (), tokenizer)
-    if (isinstance(messages_or_text, (list, tuple)) and messages_or_text
-            and all(isinstance(x, int) for x in messages_or_text)):
+    if is_id_sequence(messages_or_text):
         return from_ids(messages_or_text, tokenizer)
     messages = validate_messages(messages_or_text)
     for i, m in enumerate(messages):
@@ -231,22 +284,108 @@ def tokenise(model, messages_or_text, *, add_generation_prompt=True, **template_
     text = render(tokenizer, messages, add_generation_prompt=add_generation_prompt, **template_kwargs)
     ids, offsets = encode_with_offsets(tokenizer, text)
     spans = []
-    for i, (c0, c1) in enumerate(_message_char_spans(tokenizer, messages, text, template_kwargs)):
-        t0, t1 = _char_to_token_span(offsets, c0, c1)
+    for i, (c0, c1) in enumerate(message_char_spans(tokenizer, messages, text, template_kwargs)):
+        t0, t1 = char_to_token_span(offsets, c0, c1)
         spans.append(Span(i, messages[i]["role"], t0, t1, c0, c1))
     return Tokens(ids, text, tuple(spans), offsets, tuple(messages), (), tokenizer,
                   tuple(sorted(template_kwargs.items())))
 
 
-def _has_content_lists(messages) -> bool:
-    return any(isinstance(m, dict) and isinstance(m.get("content"), list) for m in messages)
+def has_content_lists(messages) -> bool:
+    """True when some message's content is a list of parts (images, text pieces)."""
+    return any(isinstance(m, dict) and isinstance(m.get("content"), (list, tuple)) for m in messages)
 
 
-def from_ids(ids: Sequence[int], tokenizer=None) -> Tokens:
-    """Tokens for raw token ids (no template, no spans). The text is the decoded ids when a
-    tokenizer is given."""
-    ids = tuple(int(i) for i in ids)
+def is_id_sequence(x) -> bool:
+    """True for a non-empty list/tuple/1-d integer array of token ids."""
+    if hasattr(x, "dtype") and hasattr(x, "ndim"):
+        return x.ndim == 1 and x.dtype.kind in "iu" and len(x) > 0
+    return (isinstance(x, (list, tuple)) and len(x) > 0
+            and all(isinstance(v, int) or (hasattr(v, "__index__") and not isinstance(v, bool)
+                                           and not isinstance(v, dict)) for v in x))
+
+
+def is_messages(x) -> bool:
+    """True for a non-empty list/tuple of message dicts."""
+    return isinstance(x, (list, tuple)) and len(x) > 0 and all(isinstance(m, dict) for m in x)
+
+
+def from_ids(ids: Sequence[int], tokenizer=None, *, chatml_spans: bool = False) -> Tokens:
+    """Tokens for raw token ids. With a tokenizer the text is the decoded ids, each token's
+    characters are recorded, and ids outside its vocabulary raise TokenIdError. With
+    ``chatml_spans`` message spans are recovered from ``<|im_start|>role`` markers, so a
+    divergence can be placed in a message without the original messages.
+
+    Example:
+        >>> kv.tokens.from_ids([14990], kv.load("tiny").tokenizer).text
+        'hello'
+    """
+    if tokenizer is not None:
+        ids = check_ids(ids, vocab_limit(tokenizer))
+    else:
+        ids = tuple(int(i) for i in ids)
+        bad = next((i for i, v in enumerate(ids) if v < 0), None)
+        if bad is not None:
+            raise TokenIdError(f"token ids: position {bad} holds id {ids[bad]}; ids are >= 0")
     if not ids:
         raise TemplateError("empty token id list: a request needs at least one token")
-    text = _hf(tokenizer).decode(list(ids)) if tokenizer is not None else ""
-    return Tokens(ids, text, (Span(0, "text", 0, len(ids), 0, len(text)),), (), None, (), tokenizer)
+    if tokenizer is None:
+        return Tokens(ids, "", (Span(0, "text", 0, len(ids), 0, 0),), (), None, (), None)
+    hf = hf_tokenizer(tokenizer)
+    if not chatml_spans:
+        text = hf.decode(list(ids))
+        return Tokens(ids, text, (Span(0, "text", 0, len(ids), 0, len(text)),), (), None, (), tokenizer)
+    pieces = [hf.decode([i]) for i in ids]
+    offsets, c = [], 0
+    for p in pieces:
+        offsets.append((c, c + len(p)))
+        c += len(p)
+    text = "".join(pieces)
+    marker = _token_id(hf, "<|im_start|>")
+    starts = [i for i, t in enumerate(ids) if t == marker] if marker is not None else []
+    spans = []
+    for k, s in enumerate(starts):
+        e = starts[k + 1] if k + 1 < len(starts) else len(ids)
+        role = text[offsets[s][1]: offsets[e - 1][1]].split("\n", 1)[0].strip()
+        if role in KNOWN_ROLES:
+            spans.append(Span(len(spans), role, s, e, offsets[s][0], offsets[e - 1][1]))
+    return Tokens(ids, text, tuple(spans), tuple(offsets), None, (), tokenizer)
+
+
+def _token_id(hf, token: str) -> int | None:
+    try:
+        i = hf.convert_tokens_to_ids(token)
+    except (AttributeError, KeyError, TypeError, ValueError):
+        return None
+    return i if isinstance(i, int) and i != getattr(hf, "unk_token_id", None) else None
+
+
+def as_tokens(x, model=None, *, name: str = "prompt", chatml_spans: bool = False) -> Tokens:
+    """Anything a prompt can be, as ``Tokens``: Tokens (as they are), token ids (a sequence or a
+    1-d integer array), text or messages (tokenised with ``model``, a kvlab model or tokenizer).
+
+    Example:
+        >>> as_tokens([1, 2, 3]).ids
+        (1, 2, 3)
+    """
+    if isinstance(x, Tokens):
+        return x
+    if isinstance(x, str) or is_messages(x):
+        if model is None:
+            raise TemplateError(f"{name} is text or messages, which need a model to tokenise: pass "
+                                "model=... (or a tokenizer), or tokenise first with kv.tokenise")
+        return tokenise(model, x)
+    if hasattr(x, "dtype") and hasattr(x, "ndim"):
+        if x.dtype.kind not in "iu" or x.ndim != 1:
+            raise TokenIdError(f"{name} must be a 1-d array of integer token ids, got dtype "
+                               f"{x.dtype} with shape {x.shape}")
+        x = x.tolist()
+    try:
+        seq = list(x)
+    except TypeError:
+        raise TokenIdError(f"{name} must be Tokens, token ids, text or messages, "
+                           f"got {type(x).__name__}") from None
+    bad = next((v for v in seq if isinstance(v, bool) or not (isinstance(v, int) or hasattr(v, "__index__"))), None)
+    if bad is not None:
+        raise TokenIdError(f"{name} holds {bad!r} ({type(bad).__name__}); token ids must be ints")
+    return from_ids(seq, tokenizer_of(model) if model is not None else None, chatml_spans=chatml_spans)

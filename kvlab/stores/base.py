@@ -1,8 +1,8 @@
 """The store protocol every prefix-cache design implements, and the values it trades in.
 
-A store maps cache keys (token ids + per-block extra keys + salt) to snapshots. ``lookup`` never
-mutates the snapshot it returns; the Engine trims/restores copies. Every state change a store makes
-is appended to its event list, which the Engine drains into ``engine.events``.
+A store maps cache keys (``kv.keys.CacheKey``: token ids, extra keys, salt) to snapshots.
+``lookup`` never mutates the snapshot it returns; the Engine trims/restores copies. Every state
+change a store makes is a ``StoreEvent``, which the Engine drains into ``engine.events``.
 """
 
 from __future__ import annotations
@@ -14,32 +14,13 @@ from typing import Protocol, runtime_checkable
 import psutil
 
 from ..errors import BudgetError
+from ..keys import CacheKey
 from ..snapshots import Snapshot
+from ..tokens import Tokens
 
 MATCH_KINDS = ("miss", "exact", "prefix", "lcp", "supersequence")
-
-
-@dataclass(frozen=True)
-class CacheKey:
-    """What a cached KV depends on: the ids, extra keys as (token_start, token_end, key) spans
-    (e.g. an image's placeholder span and its content hash) and a salt."""
-
-    ids: tuple[int, ...]
-    extra_keys: tuple[tuple[int, int, str], ...] = ()
-    salt: str | None = None
-
-    def prefix(self, n: int) -> "CacheKey":
-        """The key of the first n tokens (extra-key spans that start before n are kept)."""
-        return CacheKey(self.ids[:n], tuple(s for s in self.extra_keys if s[0] < n), self.salt)
-
-    def namespace_at(self, n: int) -> tuple:
-        """Everything besides ids that decides whether KV of the first n tokens is reusable."""
-        return (self.salt, tuple(s for s in self.extra_keys if s[0] < n))
-
-    def __repr__(self) -> str:
-        extra = f", {len(self.extra_keys)} extra keys" if self.extra_keys else ""
-        salt = f", salt={self.salt!r}" if self.salt else ""
-        return f"CacheKey({len(self.ids)} ids{extra}{salt})"
+# why an entry left when not for room (for room, the reason is the eviction policy's name)
+NON_CAPACITY_REASONS = ("subsumed", "replaced", "invalidated")
 
 
 @dataclass(frozen=True)
@@ -61,23 +42,53 @@ class Match:
 MISS = Match("miss")
 
 
+@dataclass(frozen=True)
+class StoreEvent:
+    """One state change inside a store, drained by the Engine after each request.
+
+    ``event``: ``insert``, ``evict`` (an entry left), ``block_stored`` / ``block_removed``
+    (paged blocks). ``kind`` is an insert's kind (``prompt``, ``prompt+output``, ``checkpoint``,
+    ``system``); ``reason`` says why something left: the eviction policy's name when it left to
+    make room (then ``capacity`` is True), else ``subsumed``, ``replaced`` or ``invalidated``.
+    """
+
+    event: str
+    tokens: int = 0
+    nbytes: int = 0
+    entry: str | None = None
+    kind: str | None = None
+    reason: str | None = None
+    capacity: bool = False
+    t: float = field(default_factory=time.perf_counter)
+
+    @property
+    def detail(self) -> str | None:
+        """The Engine's ``detail`` column: the reason for removals, the kind for inserts."""
+        return self.reason or self.kind
+
+    def __repr__(self) -> str:
+        why = f" {self.detail}" if self.detail else ""
+        return f"StoreEvent({self.event}{why}: {self.tokens} tokens, {self.nbytes} B, entry {self.entry})"
+
+
 @runtime_checkable
 class Store(Protocol):
-    """One protocol, four designs (radix, paged, system prompt, mlx-lm's LRU).
+    """What the Engine calls, and all it calls: every store implements exactly this.
 
-    ``insert`` of tokens a store already holds refreshes that entry (the Engine inserts after
-    every request, hit or not). Optional hook: a store that needs the rendered conversation
-    (message spans) sets ``wants_tokens = True``; the Engine then also passes ``tokens=`` (a
-    ``kv.Tokens``) to ``lookup`` and ``insert``.
+    ``lookup`` answers how many leading tokens of ``key`` (at most ``limit``) a resident entry
+    can serve, never mutating what it returns; ``insert`` offers the KV of ``key``'s first
+    ``snap.offset`` tokens (a store may keep all, part or none of it, and refreshes an entry it
+    already holds). ``tokens`` is the rendered prompt ``key`` was built from (message spans,
+    images), always passed. ``drain_events`` hands over what changed since the last call.
     """
 
     name: str
 
-    def lookup(self, key: CacheKey, *, limit: int) -> Match: ...
+    def lookup(self, key: CacheKey, tokens: Tokens, *, limit: int) -> Match: ...
 
-    def insert(self, key: CacheKey, snap: Snapshot, *, kind: str = "prompt") -> None: ...
+    def insert(self, key: CacheKey, tokens: Tokens, snap: Snapshot, *, kind: str = "prompt") -> None: ...
 
-    def drain_events(self) -> list[dict]: ...
+    def drain_events(self) -> list[StoreEvent]: ...
 
     @property
     def nbytes(self) -> int: ...
@@ -86,18 +97,18 @@ class Store(Protocol):
     def entries(self) -> int: ...
 
 
-@dataclass
 class EventLog:
-    """Rows a store produced since the Engine last drained it."""
+    """The events a store produced since the Engine last drained it."""
 
-    rows: list = field(default_factory=list)
+    def __init__(self):
+        self.rows: list[StoreEvent] = []
 
-    def add(self, event: str, *, tokens: int = 0, nbytes: int = 0, entry=None, **extra) -> None:
-        self.rows.append({"event": event, "tokens": int(tokens), "bytes": int(nbytes),
-                          "entry": None if entry is None else str(entry), "t": time.perf_counter(),
-                          **extra})
+    def add(self, event: str, *, tokens: int = 0, nbytes: int = 0, entry=None, kind: str | None = None,
+            reason: str | None = None, capacity: bool = False) -> None:
+        self.rows.append(StoreEvent(event, int(tokens), int(nbytes),
+                                    None if entry is None else str(entry), kind, reason, capacity))
 
-    def drain(self) -> list[dict]:
+    def drain(self) -> list[StoreEvent]:
         rows, self.rows = self.rows, []
         return rows
 
@@ -107,7 +118,7 @@ class StoreBase:
 
     log: EventLog
 
-    def drain_events(self) -> list[dict]:
+    def drain_events(self) -> list[StoreEvent]:
         return self.log.drain()
 
 
@@ -125,4 +136,3 @@ def check_budget(budget_bytes) -> int:
 def too_big(store_name: str, need: int, budget: int) -> BudgetError:
     return BudgetError(f"{store_name}: one entry needs {need} bytes but the budget is {budget} bytes; "
                        "raise budget_bytes (or cache shorter prompts)")
-

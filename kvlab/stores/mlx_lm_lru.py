@@ -7,8 +7,10 @@ As in mlx-lm, every hit is a ``copy.deepcopy`` of the entry's cache (DESIGN pitf
 memory of a hit is the entry twice), and entries are counted (``max_size``), not sized, unless
 ``max_bytes`` is given.
 
-mlx-lm keys its trie by token ids only; the adapter puts the key's salt and extra keys (image
-hashes) into mlx-lm's "model" key, so a request never reuses KV made with other images.
+mlx-lm keys its trie by token ids only; the adapter hands it ``CacheKey.symbols()`` instead (plain
+ids when there is no salt and no extra key, else ids tagged from where the salt or an image's hash
+applies), so a request never reuses KV made for another tenant or with other images, and text
+before an image stays reusable as in the other stores.
 
 Example:
     >>> engine = kv.Engine(kv.load("tiny"), kv.MlxLmLRUStore(max_size=10))
@@ -22,8 +24,12 @@ from dataclasses import replace
 
 from mlx_lm.models.cache import LRUPromptCache
 
+from ..keys import CacheKey
 from ..snapshots import Snapshot, restore, snapshot
-from .base import CacheKey, EventLog, Match, StoreBase
+from ..tokens import Tokens
+from .base import EventLog, Match, StoreBase
+
+MODEL_KEY = "kvlab"  # mlx-lm's per-model namespace; one adapter serves one model
 
 
 class MlxLmLRUStore(StoreBase):
@@ -50,8 +56,8 @@ class MlxLmLRUStore(StoreBase):
         return len(self.cache)
 
 
-    def lookup(self, key: CacheKey, *, limit: int) -> Match:
-        ns, ids = _namespace(key), list(key.ids)
+    def lookup(self, key: CacheKey, tokens: Tokens, *, limit: int) -> Match:
+        ns, ids = MODEL_KEY, list(key.symbols())
         # mlx-lm's answer does not say which branch it took; its trie's search does (read-only)
         found = self.cache._trie.search(ns, ids)
         cache, rest = self.cache.fetch_nearest_cache(ns, ids)
@@ -66,12 +72,12 @@ class MlxLmLRUStore(StoreBase):
             kind, entry = ("supersequence" if found.common_prefix >= len(ids) else "lcp"), tuple(found.longer)
         else:
             kind, entry = "prefix", tuple(found.shorter)
-        snap = replace(snapshot(cache, tokens=ids[:covered]), fingerprint=self._fingerprint)
+        snap = replace(snapshot(cache, tokens=key.ids[:covered]), fingerprint=self._fingerprint)
         entry_id, entry_tokens, _ = self._resident.get((ns, entry), (None, len(entry), 0))
         return Match(kind, min(covered, limit), snap, entry_tokens, entry_id)
 
-    def insert(self, key: CacheKey, snap: Snapshot, *, kind: str = "prompt") -> None:
-        ns, ids = _namespace(key), tuple(key.ids[: snap.offset])
+    def insert(self, key: CacheKey, tokens: Tokens, snap: Snapshot, *, kind: str = "prompt") -> None:
+        ns, ids = MODEL_KEY, tuple(key.symbols()[: snap.offset])
         self._fingerprint = snap.fingerprint or self._fingerprint
         caches = restore(snap)
         nbytes = sum(c.nbytes for c in caches)  # what LRUPromptCache counts for the entry
@@ -93,7 +99,7 @@ class MlxLmLRUStore(StoreBase):
             if not subsumed:
                 self.evictions += 1
             self.log.add("evict", tokens=tokens, nbytes=nbytes, entry=entry_id,
-                         reason="subsumed" if subsumed else "lru")
+                         reason="subsumed" if subsumed else "lru", capacity=not subsumed)
 
     def _present(self, ns, ids) -> bool:
         try:
@@ -111,10 +117,6 @@ class MlxLmLRUStore(StoreBase):
                        for e, t, b in sorted(self._resident.values()))
         return (f"<div><b>MlxLmLRUStore</b> (mlx-lm's LRUPromptCache) {html.escape(repr(self))}"
                 f"<table><tr><th>entry</th><th>tokens</th><th>bytes</th></tr>{rows}</table></div>")
-
-
-def _namespace(key: CacheKey) -> tuple:
-    return ("kvlab", key.salt, tuple(sorted(key.extra_keys)))
 
 
 def _cache_type(kind: str) -> str:

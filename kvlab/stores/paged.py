@@ -29,10 +29,11 @@ from dataclasses import dataclass
 import mlx.core as mx
 import polars as pl
 
-from ..blocks import block_hashes
 from ..errors import BlockSizeError, BudgetError, SnapshotError
+from ..keys import CacheKey
 from ..snapshots import LayerState, Snapshot
-from .base import CacheKey, EventLog, Match, StoreBase, check_budget, default_budget
+from ..tokens import Tokens
+from .base import EventLog, Match, StoreBase, check_budget, default_budget
 
 
 @dataclass(eq=False)
@@ -100,10 +101,9 @@ class PagedStore(StoreBase):
 
     def hashes(self, key: CacheKey, n: int | None = None) -> list[bytes]:
         """Chained hashes of the full blocks of ``key``'s first ``n`` tokens (all by default)."""
-        ids = key.ids if n is None else key.ids[:n]
-        return block_hashes(ids, self.block_size, extra_keys=key.extra_keys or None, salt=key.salt)
+        return key.block_hashes(self.block_size, n)
 
-    def lookup(self, key: CacheKey, *, limit: int) -> Match:
+    def lookup(self, key: CacheKey, tokens: Tokens, *, limit: int) -> Match:
         if self._unpageable:
             return Match("miss", why=self._unpageable)
         hits = []
@@ -120,7 +120,7 @@ class PagedStore(StoreBase):
         n = len(hits) * self.block_size
         return Match("prefix", n, self._gather(hits, key.ids[:n]), n, hits[-1].id)
 
-    def insert(self, key: CacheKey, snap: Snapshot, *, kind: str = "prompt") -> None:
+    def insert(self, key: CacheKey, tokens: Tokens, snap: Snapshot, *, kind: str = "prompt") -> None:
         why = _why_unpageable(snap)
         if why:
             self._unpageable = why
@@ -171,8 +171,7 @@ class PagedStore(StoreBase):
                       last_used=next(self._clock))
         self._blocks[h] = block
         self._bytes += nbytes
-        self.log.add("block_stored", tokens=self.block_size, nbytes=nbytes, entry=h.hex(),
-                     parent=parent.hex() if parent else None, kind=kind)
+        self.log.add("block_stored", tokens=self.block_size, nbytes=nbytes, entry=h.hex(), kind=kind)
         return block
 
     def _full(self, incoming: int) -> bool:
@@ -189,7 +188,7 @@ class PagedStore(StoreBase):
         self._bytes -= block.nbytes
         self.evictions += 1
         self.log.add("block_removed", tokens=len(block.token_ids), nbytes=block.nbytes,
-                     entry=h.hex(), reason="lru")
+                     entry=h.hex(), reason="lru", capacity=True)
 
     def _gather(self, hits: list[Block], ids) -> Snapshot:
         n = len(hits) * self.block_size

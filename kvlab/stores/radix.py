@@ -5,8 +5,9 @@ them), ``lcp`` (a longer entry that shares a prefix, trimmed to it) and ``supers
 that extends the request, trimmed). The last two need a trimmable cache; for hybrid/SSM models the
 Engine inserts checkpoints at message boundaries so ``prefix`` hits still work.
 
-Extra keys (image hashes) and the salt become part of each token's symbol from the position where
-they start, so requests with identical ids but different images part ways at the first placeholder.
+The tree is keyed by ``CacheKey.symbols()``: extra keys (image hashes) and the salt become part of
+each token's symbol from the position where they start, so requests with identical ids but
+different images part ways at the first placeholder.
 
 Example:
     >>> store = kv.RadixStore(budget_bytes=256 << 20)
@@ -19,30 +20,11 @@ import itertools
 from dataclasses import dataclass, field
 
 import polars as pl
-import xxhash
 
-from ..snapshots import Snapshot
-from ..tokens import common_prefix_len
-from .base import (MISS, CacheKey, EventLog, Match, StoreBase, check_budget, default_budget,
-                   too_big)
-
-
-def symbols(key: CacheKey) -> tuple:
-    """Token ids, tagged from each extra key's start on with a digest of the keys seen so far."""
-    tag = None
-    marks = sorted(key.extra_keys)
-    if key.salt is not None:
-        tag = xxhash.xxh3_64_hexdigest(f"salt:{key.salt}".encode())
-    if not marks and tag is None:
-        return key.ids
-    out, j, seen = [], 0, [] if tag is None else [tag]
-    for i, t in enumerate(key.ids):
-        while j < len(marks) and marks[j][0] <= i:
-            seen.append(str(marks[j][2]))
-            tag = xxhash.xxh3_64_hexdigest("|".join(seen).encode())
-            j += 1
-        out.append(t if tag is None else (t, tag))
-    return tuple(out)
+from ..keys import CacheKey
+from ..snapshots import Snapshot, non_trimmable_layers
+from ..tokens import Tokens, common_prefix_len
+from .base import MISS, NON_CAPACITY_REASONS, EventLog, Match, StoreBase, check_budget, default_budget, too_big
 
 
 @dataclass(eq=False)
@@ -103,8 +85,8 @@ class RadixStore(StoreBase):
         return len(self._entries)
 
 
-    def lookup(self, key: CacheKey, *, limit: int) -> Match:
-        sym = symbols(key)
+    def lookup(self, key: CacheKey, tokens: Tokens, *, limit: int) -> Match:
+        sym = key.symbols()
         node, depth, partial = self.root, 0, None
         best: Match = MISS
         path = [self.root]
@@ -146,10 +128,10 @@ class RadixStore(StoreBase):
             self._touch(best.entry_id, path)
         return best
 
-    def insert(self, key: CacheKey, snap: Snapshot, *, kind: str = "prompt") -> None:
+    def insert(self, key: CacheKey, tokens: Tokens, snap: Snapshot, *, kind: str = "prompt") -> None:
         if snap.nbytes > self.budget_bytes:
             raise too_big(self.name, snap.nbytes, self.budget_bytes)
-        sym = symbols(key)[: snap.offset]
+        sym = key.symbols()[: snap.offset]
         if not sym:
             return
         node = self._node_for(sym)
@@ -179,8 +161,6 @@ class RadixStore(StoreBase):
 
     # -- internals --------------------------------------------------------------------------------
     def _why_not_trimmable(self, entry: Entry) -> str:
-        from ..snapshots import non_trimmable_layers
-
         i, kind, why = non_trimmable_layers(entry.snapshot)[0]
         return f"layer {i} is {kind}: {why}"
 
@@ -222,8 +202,10 @@ class RadixStore(StoreBase):
         node.entry = None
         del self._entries[entry.id]
         self._bytes -= entry.nbytes
-        self.log.add("evict", tokens=entry.tokens, nbytes=entry.nbytes, entry=entry.id, reason=reason)
-        if reason == "lru":
+        capacity = reason not in NON_CAPACITY_REASONS
+        self.log.add("evict", tokens=entry.tokens, nbytes=entry.nbytes, entry=entry.id, reason=reason,
+                     capacity=capacity)
+        if capacity:
             self.evictions += 1
         self._prune(node)
 
@@ -249,7 +231,7 @@ class RadixStore(StoreBase):
     # -- looking ----------------------------------------------------------------------------------
     def contains(self, key: CacheKey) -> bool:
         """True when an entry for exactly these tokens is resident."""
-        sym = symbols(key)
+        sym = key.symbols()
         node, depth = self.root, 0
         while depth < len(sym):
             child = node.children.get(sym[depth])

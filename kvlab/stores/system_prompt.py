@@ -2,12 +2,12 @@
 
 The conversation is cut after its leading system message(s) with ``kv.split_at_boundary``; when the
 cut is clean, the KV of that prefix is kept under a hash of the prefix ids (and of the salt and
-extra keys before the cut). A request with the same system prompt reuses exactly the prefix; a
-different one replaces the entry (event ``evict``, reason ``invalidated``). One entry at a time.
+extra keys before the cut: ``CacheKey.digest``). A request with the same system prompt reuses
+exactly the prefix; a different one replaces the entry (event ``evict``, reason ``invalidated``).
+One entry at a time.
 
-The store needs the rendered conversation, so it sets ``wants_tokens`` and the Engine passes
-``tokens=`` (a ``kv.Tokens``) to ``lookup`` and ``insert``. Requests made of raw ids or text have
-no system message and always miss, with a ``why``.
+The cut comes from the rendered conversation (the ``tokens`` every store is given). Requests made
+of raw ids or text have no system message and always miss, with a ``why``.
 
 Example:
     >>> store = kv.SystemPromptStore()
@@ -23,13 +23,14 @@ import itertools
 from dataclasses import dataclass
 
 import mlx.core as mx
-import xxhash
 from mlx.utils import tree_flatten, tree_map
 
 from ..boundary import split_at_boundary
 from ..errors import BoundaryError
+from ..keys import CacheKey
 from ..snapshots import LayerState, Snapshot, trim
-from .base import CacheKey, EventLog, Match, StoreBase, check_budget, default_budget, too_big
+from ..tokens import Tokens
+from .base import EventLog, Match, StoreBase, check_budget, default_budget, too_big
 
 
 @dataclass(eq=False)
@@ -55,7 +56,6 @@ class SystemPromptStore(StoreBase):
     """One cached system prompt (see module docstring). ``budget_bytes`` defaults to 25% of RAM."""
 
     name = "system_prompt"
-    wants_tokens = True
 
     def __init__(self, budget_bytes: int | None = None):
         self.budget_bytes = check_budget(budget_bytes if budget_bytes is not None else default_budget())
@@ -74,23 +74,23 @@ class SystemPromptStore(StoreBase):
         return int(self.entry is not None)
 
 
-    def lookup(self, key: CacheKey, *, limit: int, tokens=None) -> Match:
+    def lookup(self, key: CacheKey, tokens: Tokens, *, limit: int) -> Match:
         cut, why = self._cut(tokens)
         if why:
             return Match("miss", why=why)
         if self.entry is None:
             return Match("miss", why="no system prompt cached yet")
-        if self._hash(key, cut) != self.entry.hash:
+        if key.digest(cut) != self.entry.hash:
             return Match("miss", why=f"the system prompt ({cut} tokens) differs from the cached one "
                                      f"({self.entry.tokens} tokens); it will replace it")
         self.entry.hits += 1
         return Match("prefix", min(cut, limit), self.entry.snapshot, cut, self.entry.id)
 
-    def insert(self, key: CacheKey, snap: Snapshot, *, kind: str = "prompt", tokens=None) -> None:
+    def insert(self, key: CacheKey, tokens: Tokens, snap: Snapshot, *, kind: str = "prompt") -> None:
         cut, why = self._cut(tokens)
         if why or snap.offset < cut:
             return  # nothing to keep, or a checkpoint taken before the boundary
-        h = self._hash(key, cut)
+        h = key.digest(cut)
         if self.entry is not None and self.entry.hash == h:
             return
         if snap.offset > cut:
@@ -108,9 +108,9 @@ class SystemPromptStore(StoreBase):
 
     # -- internals --------------------------------------------------------------------------------
     @staticmethod
-    def _cut(tokens) -> tuple[int, str]:
+    def _cut(tokens: Tokens) -> tuple[int, str]:
         """(token index of the clean system boundary, "") or (0, why there is none)."""
-        if tokens is None or not getattr(tokens, "messages", None):
+        if not tokens.messages:
             return 0, ("SystemPromptStore needs a chat conversation (messages); this request is raw "
                        "token ids or text")
         try:
@@ -120,12 +120,6 @@ class SystemPromptStore(StoreBase):
         if not split.clean:
             return 0, f"the system boundary is not clean: {split.reason}"
         return split.index, ""
-
-    @staticmethod
-    def _hash(key: CacheKey, cut: int) -> str:
-        h = xxhash.xxh3_128()
-        h.update(repr((key.ids[:cut], key.namespace_at(cut))).encode())
-        return h.hexdigest()
 
     def __repr__(self) -> str:
         if self.entry is None:

@@ -285,7 +285,7 @@ def test_images_never_match_other_images(tiny, store):
     n = len(ids)
     assert got == {"radix": [0, start, start, n - 1],
                    "paged": [0, start // BS * BS, start // BS * BS, (n - 1) // BS * BS],
-                   "mlx_lm_lru": [0, 0, 0, n - 1],   # namespaced by the whole key's images
+                   "mlx_lm_lru": [0, start, start, n - 1],  # CacheKey.symbols, as radix
                    "system_prompt": [0, cut, cut, cut]}[store]
 
 

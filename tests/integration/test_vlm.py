@@ -239,10 +239,10 @@ def test_image_request_after_text_reuses_text_before_image(vlm, make_store, bloc
 
 def test_image_keys_false_documented_and_events(vlm):
     engine = kv.Engine(vlm, kv.RadixStore(), image_keys=False)
-    toks, extra, _, _ = engine.tokens_of(_msgs(_image(15)))
-    assert extra == () and len(toks.images) == 1
-    toks, extra, _, _ = kv.Engine(vlm, kv.RadixStore()).tokens_of(_msgs(_image(15)))
-    assert extra == ((toks.images[0].token_start, toks.images[0].token_end, toks.images[0].hash),)
+    toks = engine.tokens_of(_msgs(_image(15)))[0]
+    assert engine.key_of(_msgs(_image(15))).extra_keys == () and len(toks.images) == 1
+    key = kv.Engine(vlm, kv.RadixStore()).key_of(_msgs(_image(15)))
+    assert key.extra_keys == ((toks.images[0].token_start, toks.images[0].token_end, toks.images[0].hash),)
 
 
 # -- bad input --------------------------------------------------------------------------------

@@ -78,10 +78,10 @@ def test_home_and_dtype_defaults(tmp_path, monkeypatch):
 def test_digest_files(tmp_path):
     (tmp_path / "a.json").write_text("1")
     (tmp_path / "b.json").write_text("2")
-    d = models._digest_files(tmp_path, ["b.json", "a.json", "missing.json"])
-    assert d == models._digest_files(tmp_path, ["a.json", "b.json"])
+    d = models.digest_files(tmp_path, ["b.json", "a.json", "missing.json"])
+    assert d == models.digest_files(tmp_path, ["a.json", "b.json"])
     (tmp_path / "a.json").write_text("3")
-    assert d != models._digest_files(tmp_path, ["a.json", "b.json"])
+    assert d != models.digest_files(tmp_path, ["a.json", "b.json"])
 
 
 def test_gguf_path_points_at_the_packaged_file():

@@ -13,7 +13,10 @@ from mlx_lm.models.cache import ArraysCache, KVCache
 
 import kvlab as kv
 from kvlab.errors import BudgetError
-from kvlab.stores.base import CacheKey
+from kvlab.keys import CacheKey
+from kvlab.tokens import from_ids
+
+TOKS = from_ids([0])  # radix and paged stores read the key, not the rendered tokens
 
 LAYERS, DIM = 2, 2
 TOKEN_BYTES = LAYERS * 2 * DIM * 4  # k and v, float32: 32 bytes a token
@@ -63,8 +66,8 @@ class RadixMachine(RuleBasedStateMachine):
 
     def _drain(self):
         for row in self.store.drain_events():
-            if row["event"] == "evict":
-                self.evicted.add(row["entry"])
+            if row.event == "evict":
+                self.evicted.add(row.entry)
 
     @rule(ids=ids_strategy, recurrent=st.booleans())
     def insert(self, ids, recurrent):
@@ -72,17 +75,17 @@ class RadixMachine(RuleBasedStateMachine):
         before = (self.store.nbytes, self.store.entries)
         if snap.nbytes > self.budget:
             with pytest.raises(BudgetError, match="budget"):
-                self.store.insert(CacheKey(ids), snap)
+                self.store.insert(CacheKey(ids), TOKS, snap)
             assert (self.store.nbytes, self.store.entries) == before
             return
-        self.store.insert(CacheKey(ids), snap)
+        self.store.insert(CacheKey(ids), TOKS, snap)
         self._drain()
         assert self.store.contains(CacheKey(ids))
 
     @rule(ids=ids_strategy)
     def lookup(self, ids):
         limit = len(ids) - 1
-        m = self.store.lookup(CacheKey(ids), limit=limit)
+        m = self.store.lookup(CacheKey(ids), TOKS, limit=limit)
         assert 0 <= m.tokens <= limit
         if m.snapshot is not None:
             assert str(m.entry_id) not in self.evicted
@@ -126,14 +129,14 @@ class PagedMachine(RuleBasedStateMachine):
 
     def _drain(self):
         for row in self.store.drain_events():
-            if row["event"] == "block_stored":
-                assert row["entry"] not in self.resident
-                self.resident.add(row["entry"])
-                self.removed.discard(row["entry"])
-                assert row["bytes"] == BLOCK * TOKEN_BYTES and row["tokens"] == BLOCK
-            elif row["event"] == "block_removed":
-                self.resident.remove(row["entry"])
-                self.removed.add(row["entry"])
+            if row.event == "block_stored":
+                assert row.entry not in self.resident
+                self.resident.add(row.entry)
+                self.removed.discard(row.entry)
+                assert row.nbytes == BLOCK * TOKEN_BYTES and row.tokens == BLOCK
+            elif row.event == "block_removed":
+                self.resident.remove(row.entry)
+                self.removed.add(row.entry)
 
     @rule(ids=ids_strategy)
     def insert(self, ids):
@@ -141,10 +144,10 @@ class PagedMachine(RuleBasedStateMachine):
         need = len(ids) // BLOCK
         if need > self.num_blocks:
             with pytest.raises(BudgetError, match="num_blocks"):
-                self.store.insert(key, snap)
+                self.store.insert(key, TOKS, snap)
             self._drain()
             return
-        self.store.insert(key, snap)
+        self.store.insert(key, TOKS, snap)
         self._drain()
         # a request that fits keeps every one of its blocks: they were referenced while it ran
         assert all(h in self.store._blocks for h in self.store.hashes(key))
@@ -152,7 +155,7 @@ class PagedMachine(RuleBasedStateMachine):
     @rule(ids=ids_strategy)
     def lookup(self, ids):
         key, limit = CacheKey(ids), len(ids) - 1
-        m = self.store.lookup(key, limit=limit)
+        m = self.store.lookup(key, TOKS, limit=limit)
         hashes = self.store.hashes(key, limit)
         assert m.tokens % BLOCK == 0 and m.tokens <= limit
         hit = m.tokens // BLOCK
@@ -201,22 +204,22 @@ def test_paged_evicts_tail_before_head():
     store = kv.PagedStore(block_size=BLOCK, num_blocks=4)
     a = tuple(range(10, 22))            # 3 blocks
     b = tuple(range(50, 58))            # 2 blocks: one must go
-    store.insert(CacheKey(a), synthetic(a))
-    store.insert(CacheKey(b), synthetic(b))
-    removed = [r for r in store.drain_events() if r["event"] == "block_removed"]
-    assert [r["entry"] for r in removed] == [kv.block_hashes(a, BLOCK)[2].hex()]  # a's tail
-    assert store.lookup(CacheKey(a + (1,)), limit=len(a)).tokens == 2 * BLOCK
+    store.insert(CacheKey(a), TOKS, synthetic(a))
+    store.insert(CacheKey(b), TOKS, synthetic(b))
+    removed = [r for r in store.drain_events() if r.event == "block_removed"]
+    assert [r.entry for r in removed] == [kv.block_hashes(a, BLOCK)[2].hex()]  # a's tail
+    assert store.lookup(CacheKey(a + (1,)), TOKS, limit=len(a)).tokens == 2 * BLOCK
 
 
 def test_paged_hit_refreshes_blocks():
     store = kv.PagedStore(block_size=BLOCK, num_blocks=4)
     a, b, c = tuple(range(10, 18)), tuple(range(50, 58)), tuple(range(90, 98))
-    store.insert(CacheKey(a), synthetic(a))
-    store.insert(CacheKey(b), synthetic(b))
-    store.insert(CacheKey(a), synthetic(a))   # a is used again: b is now least recent
-    store.insert(CacheKey(c), synthetic(c))
-    assert store.lookup(CacheKey(a + (1,)), limit=len(a)).tokens == 8
-    assert store.lookup(CacheKey(b + (1,)), limit=len(b)).tokens == 0
+    store.insert(CacheKey(a), TOKS, synthetic(a))
+    store.insert(CacheKey(b), TOKS, synthetic(b))
+    store.insert(CacheKey(a), TOKS, synthetic(a))   # a is used again: b is now least recent
+    store.insert(CacheKey(c), TOKS, synthetic(c))
+    assert store.lookup(CacheKey(a + (1,)), TOKS, limit=len(a)).tokens == 8
+    assert store.lookup(CacheKey(b + (1,)), TOKS, limit=len(b)).tokens == 0
 
 
 def test_paged_shared_prefix_stored_once():
@@ -224,7 +227,7 @@ def test_paged_shared_prefix_stored_once():
     prefix = tuple(range(100, 112))     # 3 blocks
     for s in range(5):
         ids = prefix + tuple(range(200 + 10 * s, 208 + 10 * s))  # + 2 blocks each
-        store.insert(CacheKey(ids), synthetic(ids))
+        store.insert(CacheKey(ids), TOKS, synthetic(ids))
     assert store.entries == 3 + 5 * 2
     assert store.nbytes == (3 + 5 * 2) * BLOCK * TOKEN_BYTES
 
@@ -232,40 +235,40 @@ def test_paged_shared_prefix_stored_once():
 def test_paged_extra_keys_and_salt_change_blocks():
     store = kv.PagedStore(block_size=BLOCK, num_blocks=64)
     ids = tuple(range(10, 22))
-    store.insert(CacheKey(ids, ((5, 7, "imgA"),)), synthetic(ids))
-    assert store.lookup(CacheKey(ids, ((5, 7, "imgA"),)), limit=11).tokens == 8
-    assert store.lookup(CacheKey(ids, ((5, 7, "imgB"),)), limit=11).tokens == 4  # block 0 has no image
-    assert store.lookup(CacheKey(ids), limit=11).tokens == 4
-    assert store.lookup(CacheKey(ids, salt="tenant-2"), limit=11).tokens == 0
+    store.insert(CacheKey(ids, ((5, 7, "imgA"),)), TOKS, synthetic(ids))
+    assert store.lookup(CacheKey(ids, ((5, 7, "imgA"),)), TOKS, limit=11).tokens == 8
+    assert store.lookup(CacheKey(ids, ((5, 7, "imgB"),)), TOKS, limit=11).tokens == 4  # block 0 has no image
+    assert store.lookup(CacheKey(ids), TOKS, limit=11).tokens == 4
+    assert store.lookup(CacheKey(ids, salt="tenant-2"), TOKS, limit=11).tokens == 0
 
 
 def test_paged_budget_smaller_than_one_request():
     store = kv.PagedStore(block_size=BLOCK, num_blocks=2)
     ids = tuple(range(12))
     with pytest.raises(BudgetError, match=r"needs 3 blocks .* num_blocks=2; raise num_blocks"):
-        store.insert(CacheKey(ids), synthetic(ids))
+        store.insert(CacheKey(ids), TOKS, synthetic(ids))
     small = kv.PagedStore(block_size=BLOCK, budget_bytes=TOKEN_BYTES * BLOCK)
     with pytest.raises(BudgetError, match="raise budget_bytes"):
-        small.insert(CacheKey(ids), synthetic(ids))
+        small.insert(CacheKey(ids), TOKS, synthetic(ids))
 
 
 def test_paged_refuses_other_model_and_recurrent_layers():
     store = kv.PagedStore(block_size=BLOCK, num_blocks=8)
     ids = tuple(range(8))
-    store.insert(CacheKey(ids), synthetic(ids, fingerprint="model-a"))
+    store.insert(CacheKey(ids), TOKS, synthetic(ids, fingerprint="model-a"))
     with pytest.raises(kv.errors.SnapshotError, match="one PagedStore per model"):
-        store.insert(CacheKey(ids), synthetic(ids, fingerprint="model-b"))
+        store.insert(CacheKey(ids), TOKS, synthetic(ids, fingerprint="model-b"))
     hybrid = kv.PagedStore(block_size=BLOCK, num_blocks=8)
-    hybrid.insert(CacheKey(ids), synthetic(ids, recurrent=True))
+    hybrid.insert(CacheKey(ids), TOKS, synthetic(ids, recurrent=True))
     assert hybrid.entries == 0
-    m = hybrid.lookup(CacheKey(ids), limit=7)
+    m = hybrid.lookup(CacheKey(ids), TOKS, limit=7)
     assert m.kind == "miss" and "layer 2 is ArraysCache" in m.why
 
 
 def test_radix_reinsert_refreshes_without_replacing():
     store = kv.RadixStore(budget_bytes=1 << 20)
     ids = tuple(range(8))
-    store.insert(CacheKey(ids), synthetic(ids))
-    store.insert(CacheKey(ids), synthetic(ids))
-    events = [r["event"] for r in store.drain_events()]
+    store.insert(CacheKey(ids), TOKS, synthetic(ids))
+    store.insert(CacheKey(ids), TOKS, synthetic(ids))
+    events = [r.event for r in store.drain_events()]
     assert events == ["insert"] and store.entries == 1
