@@ -328,14 +328,22 @@ def save(snap: Snapshot, path, tokens=None, *, model=None) -> str:
     }
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".kvlab-", suffix=".safetensors", dir=folder)
+    if not os.path.isdir(folder):
+        raise SnapshotError(f"cannot save to {path}: the folder {folder} does not exist; create it "
+                            "first (os.makedirs) or pick another path")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".kvlab-", suffix=".safetensors", dir=folder)
+    except OSError as e:
+        raise SnapshotError(f"cannot save to {path}: {e.strerror} in {folder}") from e
     os.close(fd)
     try:
         mx.save_safetensors(tmp, arrays, metadata)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         if os.path.exists(tmp):
             os.remove(tmp)
+        if isinstance(e, OSError):
+            raise SnapshotError(f"cannot save to {path}: {e}") from e
         raise
     return path
 

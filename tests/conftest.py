@@ -1,8 +1,29 @@
+import os
 
 import pytest
 
 import kvlab  # noqa: F401  (loads OpenBLAS before anything imports mlx)
 
+# Under `make test` (KVLAB_STRICT=1) a tier that cannot run is a failure: a skipped browser,
+# OpenBLAS or trace test is a tier a user cannot run. A skip stays a skip only for a missing
+# platform feature, and then its reason must start with "platform:" (e.g. "platform: macOS only").
+STRICT = os.environ.get("KVLAB_STRICT") == "1"
+PLATFORM_SKIP = "platform:"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if not (STRICT and report.skipped) or hasattr(report, "wasxfail"):
+        return
+    reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+    if reason.removeprefix("Skipped: ").startswith(PLATFORM_SKIP):
+        return
+    report.outcome = "failed"
+    report.longrepr = (f"{item.nodeid} would be skipped under `make test` ({reason}). A tier that "
+                       "cannot run is a failure here: fix the setup as the reason says (scripts/"
+                       "setup.sh installs everything `make test` needs), then rerun.")
 
 
 @pytest.fixture(scope="session")
