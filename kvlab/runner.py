@@ -277,6 +277,8 @@ def run_notebook(path, parameters: Mapping | None = None, out_dir=None, *,
     shown = {k: v for k, v in params.items() if k != RESULTS_PARAM}
 
     kernel = _kernel(kernel_name)
+    from .kernel import manager_config
+
     start = time.perf_counter()
     error, failed_cell = None, None
     try:
@@ -285,7 +287,7 @@ def run_notebook(path, parameters: Mapping | None = None, out_dir=None, *,
                 str(notebook), str(executed), parameters=params, kernel_name=kernel,
                 language="python", progress_bar=progress, log_output=log_output,
                 cwd=str(notebook.parent.resolve()), start_timeout=180,
-                execution_timeout=timeout)
+                execution_timeout=timeout, **manager_config())
     except PapermillExecutionError as e:
         error, failed_cell = _describe_failure(e, source_nb, notebook, executed)
     except Exception as e:  # kernel died, timeout, no such kernel: still name what happened
