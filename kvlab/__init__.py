@@ -38,7 +38,7 @@ _LAZY = {
     "simulate": "simulator", "sweep": "simulator",
     "Inspector": "viz.widgets",
 }
-_SUBMODULES = {"workloads", "traces", "viz", "bench", "runner", "stores", "magics", "keys", "tokens"}
+_SUBMODULES = {"workloads", "traces", "viz", "bench", "runner", "grid", "stores", "magics", "keys", "tokens"}
 
 _ERRORS = {"BlockSizeError", "BoundaryError", "BudgetError", "ImageError", "KvlabError",
            "ModelNotFoundError", "NotTrimmableError", "RequestError", "SnapshotError",

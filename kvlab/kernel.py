@@ -4,6 +4,10 @@ On Linux the mlx[cpu] wheel's reference BLAS is ~40x slower than OpenBLAS, and O
 when it is loaded before ``mlx.core``. A kernel spec whose ``env`` sets ``LD_PRELOAD`` makes every
 notebook (and every papermill run) fast even if a cell imports mlx before kvlab.
 
+The spec also declares CurveZMQ support when this ipykernel and libzmq have it, so the runner can
+ask jupyter_client for encrypted kernel channels (:func:`manager_config`): the kernel then has no
+reason to warn that it "is running over TCP without encryption" on every run.
+
 Example:
     >>> from kvlab.kernel import install_kernelspec
     >>> install_kernelspec(prefix=sys.prefix)      # `kvlab prepare` does this
@@ -34,10 +38,43 @@ def kernel_spec() -> dict:
         "language": "python",
         "metadata": {"debugger": True, "kvlab": True},
     }
+    if curve_supported():
+        spec["metadata"]["supported_encryption"] = ["curve"]
     blas = _blas.openblas_path() if sys.platform.startswith("linux") else None
     if blas:
         spec["env"] = {"LD_PRELOAD": blas}
     return spec
+
+
+def curve_supported() -> bool:
+    """True when libzmq has CurveZMQ and this ipykernel reads Curve keys from its connection file.
+
+    Example:
+        >>> curve_supported()
+        True
+    """
+    try:
+        import zmq
+        from ipykernel.kernelapp import IPKernelApp
+    except ImportError:
+        return False
+    return bool(zmq.has("curve")) and "curve_secretkey" in IPKernelApp.class_trait_names()
+
+
+def manager_config() -> dict:
+    """Keyword arguments for papermill/nbclient: encrypted kernel channels where the kernel spec
+    declares support (jupyter_client >= 8.10 provisions the Curve keys); empty otherwise.
+
+    Example:
+        >>> papermill.execute_notebook(src, out, kernel_name="kvlab", **manager_config())
+    """
+    from jupyter_client.manager import KernelManager
+
+    if not curve_supported() or "transport_encryption" not in KernelManager.class_trait_names():
+        return {}
+    from traitlets.config import Config
+
+    return {"config": Config({"KernelManager": {"transport_encryption": "auto"}})}
 
 
 def install_kernelspec(prefix: str | None = None, *, user: bool = False,
@@ -79,6 +116,8 @@ def is_current(name: str = KERNEL_NAME) -> bool:
     spec = installed_spec(name)
     want = kernel_spec()
     if not spec or not spec.get("argv") or spec.get("env", {}) != want.get("env", {}):
+        return False
+    if spec.get("metadata", {}).get("supported_encryption") != want["metadata"].get("supported_encryption"):
         return False
     # .venv/bin/python and .venv/bin/python3 are the same interpreter in the same environment
     have, exe = Path(spec["argv"][0]), Path(sys.executable)

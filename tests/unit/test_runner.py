@@ -1,4 +1,4 @@
-"""kvlab.runner and the `kvlab run` / `kvlab sweep` commands.
+"""kvlab.runner, kvlab.grid and the `kvlab run` / `kvlab grid` commands.
 
 The helpers are plain unit tests; everything that executes a notebook starts a Jupyter kernel
 (papermill) and is marked `notebook`. The notebooks here are tiny and need no model.
@@ -18,7 +18,9 @@ import pytest
 import yaml
 
 from kvlab import cli, runner
-from kvlab.runner import RunError, SweepError
+from kvlab import grid as nb_grid
+from kvlab.grid import GridError
+from kvlab.runner import RunError
 
 
 def make_notebook(path: Path) -> Path:
@@ -63,9 +65,9 @@ def test_parse_value_reads_yaml_scalars():
 def test_grid_is_the_cartesian_product(tmp_path):
     grid = tmp_path / "grid.yaml"
     grid.write_text("x: [1, 2]\nlabel: [a, b]\nfixed: 7\n")
-    g = runner.load_grid(grid)
+    g = nb_grid.load_grid(grid)
     assert g == {"x": [1, 2], "label": ["a", "b"], "fixed": [7]}
-    points = runner.grid_points(g)
+    points = nb_grid.grid_points(g)
     assert points == [{"x": 1, "label": "a", "fixed": 7}, {"x": 1, "label": "b", "fixed": 7},
                       {"x": 2, "label": "a", "fixed": 7}, {"x": 2, "label": "b", "fixed": 7}]
 
@@ -75,10 +77,10 @@ def test_grid_is_the_cartesian_product(tmp_path):
 def test_bad_grids_say_why(tmp_path, text, match):
     grid = tmp_path / "grid.yaml"
     grid.write_text(text)
-    with pytest.raises(SweepError, match=match):
-        runner.load_grid(grid)
-    with pytest.raises(SweepError, match="no grid file"):
-        runner.load_grid(tmp_path / "missing.yaml")
+    with pytest.raises(GridError, match=match):
+        nb_grid.load_grid(grid)
+    with pytest.raises(GridError, match="no grid file"):
+        nb_grid.load_grid(tmp_path / "missing.yaml")
 
 
 def test_save_results_is_atomic_and_returns_the_frame(tmp_path, monkeypatch):
@@ -99,7 +101,7 @@ def test_save_results_is_atomic_and_returns_the_frame(tmp_path, monkeypatch):
 
 def test_with_params_puts_parameters_first_and_renames_clashes():
     frame = pl.DataFrame({"x": [9], "value": [1.5]})
-    out = runner._with_params(frame, {"x": 1, "label": "a", "grid": [1, 2]}, "run-000")
+    out = nb_grid._with_params(frame, {"x": 1, "label": "a", "grid": [1, 2]}, "run-000")
     assert out.columns == ["x", "label", "grid", "run", "x_result", "value"]
     assert out.row(0) == (1, "a", "[1, 2]", "run-000", 9, 1.5)
 
@@ -110,10 +112,10 @@ def test_unknown_parameter_and_missing_notebook_are_refused(notebook, tmp_path):
         runner.run_notebook(notebook, {"nope": 1}, tmp_path / "out")
     with pytest.raises(RunError, match="no notebook at"):
         runner.run_notebook(tmp_path / "missing.ipynb")
-    with pytest.raises(SweepError, match="has no parameter 'nope'"):
-        runner.sweep(notebook, {"nope": [1]}, out_dir=tmp_path / "sw")
-    with pytest.raises(SweepError, match="both fixed and in the grid"):
-        runner.sweep(notebook, {"x": [1]}, parameters={"x": 2}, out_dir=tmp_path / "sw")
+    with pytest.raises(GridError, match="has no parameter 'nope'"):
+        nb_grid.run_grid(notebook, {"nope": [1]}, out_dir=tmp_path / "sw")
+    with pytest.raises(GridError, match="both fixed and in the grid"):
+        nb_grid.run_grid(notebook, {"x": [1]}, parameters={"x": 2}, out_dir=tmp_path / "sw")
 
 
 def test_kernelspec_preloads_openblas(tmp_path):
@@ -186,9 +188,9 @@ def test_failing_notebook_exits_nonzero_and_names_the_cell(notebook, tmp_path):
     assert info.value.result.failed_cell == 3 and not info.value.result.ok
 
 
-# ------------------------------------------------------------------------------------------ sweeps
+# ------------------------------------------------------------------------------------------ grids
 
-def _check_sweep_frame(df: pl.DataFrame) -> pl.DataFrame:
+def _check_grid_frame(df: pl.DataFrame) -> pl.DataFrame:
     assert df.height == 4
     assert df.columns[:3] == ["x", "label", "run"]
     assert set(df.columns) == {"x", "label", "run", "square", "echo", "cells"}
@@ -201,46 +203,46 @@ def _check_sweep_frame(df: pl.DataFrame) -> pl.DataFrame:
 
 
 @pytest.mark.notebook
-def test_sweep_2x2_in_processes_and_on_dask(notebook, tmp_path):
-    """`kvlab sweep` over a 2x2 grid in 2 worker processes, as a user runs it; then the same grid on
+def test_grid_2x2_in_processes_and_on_dask(notebook, tmp_path):
+    """`kvlab grid` over a 2x2 grid in 2 worker processes, as a user runs it; then the same grid on
     a Dask LocalCluster (2 worker processes on loopback) must give the same table."""
     grid = tmp_path / "grid.yaml"
     grid.write_text(yaml.safe_dump({"x": [1, 2], "label": ["a", "b"]}, sort_keys=False))
-    out = tmp_path / "sweep"
-    proc = subprocess.run([sys.executable, "-m", "kvlab.cli", "sweep", str(notebook), "--grid", str(grid),
+    out = tmp_path / "grid"
+    proc = subprocess.run([sys.executable, "-m", "kvlab.cli", "grid", str(notebook), "--grid", str(grid),
                            "--workers", "2", "--out", str(out)], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     assert "4 runs -> 4 rows" in proc.stdout and "square" in proc.stdout
-    local = _check_sweep_frame(pl.read_parquet(out / "sweep.parquet"))
+    local = _check_grid_frame(pl.read_parquet(out / "grid.parquet"))
     for run in local["run"]:
         assert (out / run / "results.parquet").is_file() and (out / run / "tiny_nb.html").is_file()
-    meta = json.loads((out / "sweep.json").read_text())
+    meta = json.loads((out / "grid.json").read_text())
     assert meta["grid"] == {"x": [1, 2], "label": ["a", "b"]} and all(r["ok"] for r in meta["runs"])
 
     distributed = pytest.importorskip("distributed")
     with distributed.LocalCluster(processes=True, n_workers=2, threads_per_worker=1, host="127.0.0.1",
                                   dashboard_address=None) as cluster:
-        remote = runner.sweep(notebook, grid, out_dir=tmp_path / "dask", scheduler=cluster.scheduler_address,
+        remote = nb_grid.run_grid(notebook, grid, out_dir=tmp_path / "dask", scheduler=cluster.scheduler_address,
                               html_export=False)
-    assert _check_sweep_frame(remote).equals(local)
-    assert (tmp_path / "dask" / "sweep.parquet").is_file()
+    assert _check_grid_frame(remote).equals(local)
+    assert (tmp_path / "dask" / "grid.parquet").is_file()
 
 
 @pytest.mark.notebook
-def test_sweep_reports_failed_runs_and_keeps_the_rest(notebook, tmp_path):
-    with pytest.raises(SweepError) as info:
-        runner.sweep(notebook, {"x": [1, 2], "fail": [False, True]}, workers=1, out_dir=tmp_path / "s",
+def test_grid_reports_failed_runs_and_keeps_the_rest(notebook, tmp_path):
+    with pytest.raises(GridError) as info:
+        nb_grid.run_grid(notebook, {"x": [1, 2], "fail": [False, True]}, workers=1, out_dir=tmp_path / "s",
                      html_export=False)
     e = info.value
     assert "2 of 4 runs of tiny_nb.ipynb failed" in str(e) and "asked to fail" in str(e)
     assert e.frame.height == 2 and e.frame["fail"].to_list() == [False, False]
-    assert pl.read_parquet(tmp_path / "s" / "sweep.parquet").height == 2
+    assert pl.read_parquet(tmp_path / "s" / "grid.parquet").height == 2
 
 
-def test_sweep_with_an_unreachable_scheduler_says_so(notebook, tmp_path):
+def test_grid_with_an_unreachable_scheduler_says_so(notebook, tmp_path):
     pytest.importorskip("distributed")
     import dask
 
     with dask.config.set({"distributed.comm.timeouts.connect": "1s"}):
-        with pytest.raises(SweepError, match="cannot connect to the Dask scheduler at 'tcp://127.0.0.1:9'"):
-            runner.sweep(notebook, {"x": [1]}, out_dir=tmp_path / "s", scheduler="tcp://127.0.0.1:9")
+        with pytest.raises(GridError, match="cannot connect to the Dask scheduler at 'tcp://127.0.0.1:9'"):
+            nb_grid.run_grid(notebook, {"x": [1]}, out_dir=tmp_path / "s", scheduler="tcp://127.0.0.1:9")

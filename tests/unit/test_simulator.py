@@ -3,9 +3,6 @@ and the compiled kernels and the stack-distance sweep against the plain-Python r
 
 import json
 import math
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import polars as pl
@@ -15,9 +12,10 @@ from hypothesis import strategies as st
 
 import kvlab as kv
 from kvlab.errors import BlockSizeError, BudgetError, KvlabError
-from kvlab.simulator import _prepare, _replay_numba, _replay_python
-
-REPO = Path(__file__).resolve().parents[2]
+from kvlab.bench.simulator import bench_simulator
+from kvlab.cli import main
+from kvlab.sim_kernels import replay_kernel
+from kvlab.simulator import prepare_replay, replay_python
 
 
 def trace(rows, block_size=4):
@@ -140,34 +138,28 @@ def test_seed004_prefix_repetition_cold_and_warm_pass():
     assert [round(x, 3) for x in p["token_hit_ratio"].to_list()] == [0.784, 0.975]
 
 
-def test_seed004_through_the_cli():
-    cmd = [sys.executable, "-m", "kvlab.cli", "simulate", "--workload", "prefix_repetition",
-           "--prefix-len", "512", "--suffix-len", "128", "--num-prompts", "50", "--block-size", "16",
-           "--passes", "2", "--json"]
-    out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr
-    data = json.loads(out.stdout)
+def test_seed004_through_the_cli(capsys):
+    argv = ["simulate", "--workload", "prefix_repetition", "--prefix-len", "512", "--suffix-len", "128",
+            "--num-prompts", "50", "--block-size", "16", "--passes", "2", "--json"]
+    assert main(argv) == 0
+    data = json.loads(capsys.readouterr().out)
     assert [(p["hit_tokens"], p["prompt_tokens"]) for p in data["by_pass"]] == [(25088, 32000), (31200, 32000)]
     assert data["hit_tokens"] == 25088 + 31200 and data["block_size"] == 16
 
 
-def test_cli_text_output_and_sweep(tmp_path):
+def test_cli_text_output_and_sweep(tmp_path, capsys):
     t = kv.traces.from_requests([list(range(40)), list(range(40)), list(range(30))], 4, block_size=8)
     path = t.write(tmp_path / "t.jsonl")
-    base = [sys.executable, "-m", "kvlab.cli", "simulate", str(path), "--block-size", "8"]
-    out = subprocess.run(base + ["--policy", "fifo", "--capacity-tokens", "16"], cwd=REPO,
-                         capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr
-    assert "token_hit_ratio" in out.stdout and "(16/110 tokens)" in out.stdout
-    out = subprocess.run(base + ["--sweep", "0,16,inf", "--json"], cwd=REPO, capture_output=True,
-                         text=True, timeout=300)
-    assert out.returncode == 0, out.stderr
-    rows = json.loads(out.stdout)["sweep"]
+    base = ["simulate", str(path), "--block-size", "8"]
+    assert main(base + ["--policy", "fifo", "--capacity-tokens", "16"]) == 0
+    out = capsys.readouterr().out
+    assert "token_hit_ratio" in out and "(16/110 tokens)" in out
+    assert main(base + ["--sweep", "0,16,inf", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["sweep"]
     assert [r["capacity_tokens"] for r in rows] == [0, 16, None]
     assert [r["hit_tokens"] for r in rows] == [0, 16 + 16, 32 + 24]
-    bad = subprocess.run(base + ["--capacity-tokens", "lots"], cwd=REPO, capture_output=True,
-                         text=True, timeout=300)
-    assert bad.returncode == 2 and "not a number of tokens" in bad.stderr
+    assert main(base + ["--capacity-tokens", "lots"]) == 2
+    assert "not a number of tokens" in capsys.readouterr().err
 
 
 def test_mooncake_synthetic_trace_unbounded_cache_ratio():
@@ -209,9 +201,9 @@ def random_traces(draw):
 def test_lru_sweep_equals_per_capacity_plain_replay(t, caps_blocks):
     caps = [c * t.block_size for c in caps_blocks] + [None]
     frame = kv.sweep(t, "lru", caps)
-    rep = _prepare(t, None, 1, None)
+    rep = prepare_replay(t, None, 1, None)
     for row, c in zip(frame.iter_rows(named=True), caps):
-        ref, _ = _replay_python(rep, "lru", None if c is None else c // t.block_size)
+        ref, _ = replay_python(rep, "lru", None if c is None else c // t.block_size)
         assert row["capacity_tokens"] == c
         assert row["hit_tokens"] == int(ref.sum()) * t.block_size
         assert row["request_hit_ratio"] == pytest.approx(float((ref > 0).mean()))
@@ -220,10 +212,10 @@ def test_lru_sweep_equals_per_capacity_plain_replay(t, caps_blocks):
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(random_traces(), st.integers(0, 30), st.sampled_from(["lru", "fifo", "lfu", "infinite"]))
 def test_compiled_replay_equals_plain_replay(t, cap_blocks, policy):
-    rep = _prepare(t, None, 2, None)
+    rep = prepare_replay(t, None, 2, None)
     cap = None if policy == "infinite" else cap_blocks
-    fast, ev_fast = _replay_numba(rep, policy, cap)
-    ref, ev_ref = _replay_python(rep, policy, cap)
+    fast, ev_fast = replay_kernel(rep, policy, cap)
+    ref, ev_ref = replay_python(rep, policy, cap)
     assert fast.tolist() == ref.tolist() and ev_fast == ev_ref
 
 
@@ -305,7 +297,7 @@ def test_bench_simulator_reports_speedup_and_throughput():
     rng = np.random.default_rng(0)
     seqs = [list(rng.integers(0, 3, size=int(rng.integers(20, 200)))) for _ in range(60)]
     t = kv.traces.from_requests(seqs, 1, block_size=8)
-    b = kv.simulator.bench_simulator(t, n_requests=200, n_capacities=4, repeats=2)
+    b = bench_simulator(t, n_requests=200, n_capacities=4, repeats=2)
     assert b["identical"] and b["requests"] == 200 and len(b["capacities_tokens"]) == 4
     assert {"median", "min", "max", "n"} <= set(b["speedup"])
     assert b["blocks_per_s"]["sweep"]["median"] > 0

@@ -1,0 +1,69 @@
+"""Side-by-side benchmarks: every contender runs in the same process, interleaved over repeats, and
+each table reports the median and spread (pstdev, min-max) plus ratios against a reference.
+
+    kvlab bench --model smollm2 --repeats 5 --write BENCHMARKS.md
+
+One module per section; each has ``NEEDS_MODEL`` and ``table(settings) -> Table``. A new section
+is a new module plus one line in ``REGISTRY``.
+
+Example:
+    >>> tables = kv.bench.run("tiny", repeats=2, only=["hashing"])
+    >>> tables[0]
+    Table('block hashing throughput (32k-token prompt, block size 16)', 3 rows)
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+
+from .. import _blas
+from ..errors import KvlabError
+from . import blas, hashing, memory, simulator, snapshot, ttft
+from .settings import Settings
+from .table import Table, median_range, ms, spread
+
+__all__ = ["REGISTRY", "SECTIONS", "Settings", "Table", "machine", "median_range", "ms", "run", "spread"]
+
+# section name -> its module; the order here is the order the tables are run and written
+REGISTRY = {
+    "blas": blas,
+    "ttft": ttft,
+    "snapshot": snapshot,
+    "memory": memory,
+    "hashing": hashing,
+    "simulator": simulator,
+}
+SECTIONS = tuple(REGISTRY)
+
+
+def run(model_name: str = "smollm2", repeats: int = 5, only=None, *, on_table=None,
+        ttft_system_tokens: int = 1000) -> list[Table]:
+    """Run the chosen benchmarks; ``on_table(table)`` is called as each one finishes.
+
+    Example:
+        >>> [t.title for t in run("tiny", 2, only=["hashing"])]
+        ['block hashing throughput (32k-token prompt, block size 16)']
+    """
+    only = set(only or REGISTRY)
+    unknown = only - set(REGISTRY)
+    if unknown:
+        raise KvlabError(f"unknown benchmark(s) {sorted(unknown)}; choose from {tuple(REGISTRY)}")
+    settings = Settings(model_name, repeats, ttft_system_tokens)
+    if any(REGISTRY[name].NEEDS_MODEL for name in only):
+        from ..models import load
+
+        settings.model = load(model_name)
+    tables = []
+    for name, section in REGISTRY.items():
+        if name in only:
+            tables.append(section.table(settings))
+            if on_table is not None:
+                on_table(tables[-1])
+    return tables
+
+
+def machine() -> str:
+    """One line naming the machine a run was measured on (OS, cores, Python, BLAS)."""
+    return (f"{platform.system()} {platform.machine()}, {os.cpu_count()} cores, Python "
+            f"{platform.python_version()}, BLAS {'OpenBLAS' if _blas.fast_blas_active() else 'reference'}")

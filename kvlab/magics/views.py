@@ -1,0 +1,187 @@
+"""What the magics return: each output has a one-line repr, a multi-line text/plain (papermill,
+consoles) and a text/html (Jupyter)."""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass
+from typing import Any
+
+
+class _View:
+    """Base of the magic outputs: one-line repr, multi-line text for papermill, HTML for Jupyter."""
+
+    def text(self) -> str:
+        raise NotImplementedError
+
+    def short(self) -> str:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return self.short()
+
+    def _repr_pretty_(self, p, cycle) -> None:
+        p.text(self.text())
+
+
+@dataclass(eq=False, repr=False)
+class Loaded(_View):
+    """What ``%kvlab load`` made: ``.model`` and ``.engine``."""
+
+    model: Any
+    engine: Any
+
+    def short(self) -> str:
+        return f"Loaded({self.model!r})"
+
+    def text(self) -> str:
+        return f"kvlab: loaded {self.model!r}\nkvlab: engine {self.engine!r}"
+
+    def _repr_html_(self) -> str:
+        return (f"<div><b>kvlab</b> loaded{self.model._repr_html_()}"
+                f"<div>engine: <code>{html.escape(repr(self.engine))}</code></div></div>")
+
+
+def _table_text(frame, rows: int = 40) -> str:
+    import polars as pl
+
+    with pl.Config(tbl_rows=rows, tbl_cols=16, fmt_str_lengths=40, tbl_hide_dataframe_shape=True,
+                   tbl_width_chars=200,
+                   tbl_formatting="ASCII_MARKDOWN", tbl_hide_column_data_types=True):
+        return str(frame)
+
+
+def _stats_line(stats: dict) -> str:
+    return (f"{stats['requests']} requests · token hit rate {stats['token_hit_rate']:.1%} "
+            f"({stats['reused_tokens']}/{stats['prompt_tokens']} tokens) · request hit rate "
+            f"{stats['request_hit_rate']:.1%} · {stats['entries']} entries, {stats['bytes'] / 2**20:.2f} MiB")
+
+
+@dataclass(eq=False, repr=False)
+class RunView(_View):
+    """``%kvlab run``: one row per request (``.frame``) and the engine's stats afterwards."""
+
+    workload: str
+    frame: Any
+    stats: dict
+    engine: Any
+
+    def short(self) -> str:
+        return f"RunView({self.workload}: {self.frame.height} requests)"
+
+    def text(self) -> str:
+        return (f"kvlab run {self.workload} on {self.engine!r}\n{_table_text(self.frame)}\n"
+                f"{_stats_line(self.stats)}")
+
+    def _repr_html_(self) -> str:
+        bars = "".join(
+            f"<tr><td>{html.escape(str(r['name']))}</td><td>{r['reused_tokens']}/{r['prompt_tokens']}</td>"
+            f"<td><div style='width:200px;height:8px;background:#eee'><div style='width:"
+            f"{int(200 * r['reuse_ratio'])}px;height:8px;background:#2a7'></div></div></td>"
+            f"<td>{html.escape(r['match'])}</td><td>{r['ttft_ms']:.1f} ms</td></tr>"
+            for r in self.frame.iter_rows(named=True))
+        return (f"<div><b>kvlab run</b> {html.escape(self.workload)} · "
+                f"<code>{html.escape(repr(self.engine))}</code><table><tr><th>request</th>"
+                f"<th>reused</th><th></th><th>match</th><th>TTFT</th></tr>{bars}</table>"
+                f"<div>{html.escape(_stats_line(self.stats))}</div></div>")
+
+
+@dataclass(eq=False, repr=False)
+class StatsView(_View):
+    """``%kvlab stats``: both hit-rate definitions, named, and the event counts."""
+
+    stats: dict
+    events: Any
+    engine: Any
+
+    def short(self) -> str:
+        return f"StatsView({self.stats['requests']} requests)"
+
+    def _counts(self):
+        import polars as pl
+
+        if self.events.height == 0:
+            return pl.DataFrame({"event": [], "count": [], "tokens": []})
+        return (self.events.group_by("event").agg(pl.len().alias("count"), pl.col("tokens").sum())
+                .sort("event"))
+
+    def text(self) -> str:
+        lines = [f"kvlab stats: {self.engine!r}"]
+        lines += [f"{k:>18}: {v:.4f}" if isinstance(v, float) else f"{k:>18}: {v}"
+                  for k, v in self.stats.items()]
+        lines.append("events:")
+        lines.append(_table_text(self._counts()))
+        return "\n".join(lines)
+
+    def _repr_html_(self) -> str:
+        rows = "".join(f"<tr><th style='text-align:left'>{k}</th><td>{v:.4f}</td></tr>"
+                       if isinstance(v, float) else f"<tr><th style='text-align:left'>{k}</th><td>{v}</td></tr>"
+                       for k, v in self.stats.items())
+        return (f"<div><b>kvlab stats</b> <code>{html.escape(repr(self.engine))}</code>"
+                f"<table>{rows}</table><b>events</b>{self._counts()._repr_html_()}</div>")
+
+
+@dataclass(eq=False, repr=False)
+class TreeView(_View):
+    """``%kvlab tree``: the store's radix tree (or its entries when it has no tree)."""
+
+    store: Any
+    lines: list
+    frame: Any
+
+    def short(self) -> str:
+        return f"TreeView({self.store!r})"
+
+    ROWS = 20
+
+    def _note(self) -> str:
+        if self.frame is None:
+            return f"({type(self.store).__name__} keeps no tree: {self.store.entries} entries)"
+        more = self.frame.height - self.ROWS
+        return f"… {more} more rows" if more > 0 else ""
+
+    def text(self) -> str:
+        if self.lines:
+            body = "\n".join(self.lines)
+        elif self.frame is not None:
+            body = _table_text(self.frame.head(self.ROWS))
+        else:
+            body = ""
+        return "\n".join(x for x in (repr(self.store), body, self._note()) if x)
+
+    def _repr_html_(self) -> str:
+        tree = (f"<pre style='line-height:1.3'>{html.escape(chr(10).join(self.lines))}</pre>"
+                if self.lines else "")
+        table = (self.frame.head(self.ROWS)._repr_html_()
+                 if self.frame is not None and self.frame.height else "")
+        return (f"<div><b>{html.escape(repr(self.store))}</b>{tree}{table}"
+                f"<div>{html.escape(self._note())}</div></div>")
+
+
+@dataclass(eq=False, repr=False)
+class ChatView(_View):
+    """``%%kvlab chat``: one Result per user turn, with what each reused."""
+
+    messages: list
+    results: list
+
+    def short(self) -> str:
+        return f"ChatView({len(self.messages)} messages, {len(self.results)} requests)"
+
+    @property
+    def frame(self):
+        import polars as pl
+
+        return pl.DataFrame([{"turn": i + 1, "prompt_tokens": r.prompt_tokens, "reused_tokens": r.reused_tokens,
+                              "match": r.match, "ttft_ms": round(r.ttft_s * 1e3, 2),
+                              "reply": r.text[:60]} for i, r in enumerate(self.results)])
+
+    def text(self) -> str:
+        last = self.results[-1]
+        return (f"kvlab chat: {len(self.messages)} messages, {len(self.results)} requests\n"
+                f"{_table_text(self.frame)}\nreply: {last.text!r}")
+
+    def _repr_html_(self) -> str:
+        return ("<div><b>kvlab chat</b> " + f"{len(self.messages)} messages · {len(self.results)} requests"
+                + "".join(r._repr_html_() for r in self.results) + "</div>")
+
