@@ -33,6 +33,12 @@
 # Defaults are small (the tiny random-weight qwen2_vl, 56×84 px images = 6 image tokens) so CI
 # runs this in seconds; pass `model=` a local mlx-vlm qwen2_vl folder for a real model.
 
+# %%
+import kvlab as kv  # first: it loads a fast BLAS before MLX
+import numpy as np
+import polars as pl
+from PIL import Image
+
 # %% tags=["parameters"]
 model = "tiny"            # "tiny" (random-weight qwen2_vl, built offline) or a local mlx-vlm qwen2_vl folder
 image_hw = [56, 84]       # synthetic picture size in pixels (tiny: 56x84 -> 6 image tokens)
@@ -45,12 +51,6 @@ seed = 0
 results_path = "results.parquet"
 
 # %%
-import kvlab as kv  # first: it loads a fast BLAS before MLX
-
-import numpy as np
-import polars as pl
-from PIL import Image
-
 vlm = kv.load_vlm(model)
 vlm
 
@@ -130,16 +130,12 @@ pl.DataFrame({"rank": range(1, 6), "cold": top(cold_logits), "ids-only keys": to
 
 # %%
 def make_store(name):
-    if name == "radix":
-        return kv.RadixStore()
-    if name == "paged":
-        return kv.PagedStore(block_size=block_size, num_blocks=4096)
-    raise ValueError(f"unknown store {name!r}: use 'radix' or 'paged'")
+    return kv.stores.make_store(name, block_size=block_size)
 
 
 def rounded(n, store):
     # a paged store reuses whole blocks only
-    return n if store == "radix" else n // block_size * block_size
+    return n // block_size * block_size if store == "paged" else n
 
 
 cold_engine = kv.Engine(vlm, None)  # the reference: no cache at all
@@ -186,8 +182,7 @@ for store in stores:
     for q in questions:
         conversation = conversation + [{"role": "user", "content": q}]
         ids = kv.tokenise(vlm, conversation).ids
-        shared = max([next((j for j, (x, y) in enumerate(zip(p, ids)) if x != y), min(len(p), len(ids)))
-                      for p in previous] or [0])
+        shared = max([kv.tokens.common_prefix_len(p, ids) for p in previous] or [0])
         r = engine.run(conversation, max_tokens)
         record("text only", store, "image-aware", r, conversation, rounded(min(shared, len(ids) - 1), store))
         previous.append(ids)
@@ -243,5 +238,5 @@ assert wrong.is_empty() or not wrong["matches_cold"].any(), "ids-only keys unexp
 right = results.filter(pl.col("keys") == "image-aware")
 assert right["matches_cold"].all(), f"image-aware keys differ from cold:\n{right.filter(~pl.col('matches_cold'))}"
 
-results.write_parquet(results_path)
+kv.runner.save_results(results, results_path)
 print(f"{results.height} rows -> {results_path}")
