@@ -51,6 +51,12 @@ m, wl
 # Same questions, same greedy model: the only difference is what each insert is keyed on.
 
 # %%
+def row(scenario, keying, turn, r):
+    return {"scenario": scenario, "keying": keying, "turn": turn, "prompt_tokens": r.prompt_tokens,
+            "reused_tokens": r.reused_tokens, "prefilled_tokens": r.prefilled_tokens,
+            "reuse_ratio": r.reuse_ratio, "ttft_ms": r.ttft_s * 1e3, "match": r.match,
+            "drift_index": r.drift_index, "output_tokens": len(r.output_ids)}
+
 def chat(keying):
     engine = kv.Engine(m, kv.RadixStore(budget_bytes=512 << 20), keying=keying, max_tokens=max_tokens)
     history, rows = [system], []
@@ -58,10 +64,7 @@ def chat(keying):
         history.append(question)
         r = engine.run(history)
         history.append({"role": "assistant", "content": r.text})
-        rows.append({"scenario": "turn", "keying": keying, "turn": turn, "prompt_tokens": r.prompt_tokens,
-                     "reused_tokens": r.reused_tokens, "prefilled_tokens": r.prefilled_tokens,
-                     "reuse_ratio": r.reuse_ratio, "ttft_ms": r.ttft_s * 1e3, "match": r.match,
-                     "drift_index": r.drift_index, "output_tokens": len(r.output_ids)})
+        rows.append(row("turn", keying, turn, r))
     return engine, history, rows
 
 engines, rows = {}, []
@@ -74,7 +77,7 @@ turns_frame.select("keying", "turn", "prompt_tokens", "reused_tokens", "reuse_ra
 # %% [markdown]
 # `drift_index` (when set) is where the re-rendered history stopped matching the cached
 # prompt + output: templates that re-render earlier turns (e.g. drop `<think>` blocks) cut
-# prompt + output reuse short (DESIGN pitfall 8).
+# prompt + output reuse short (mlx-engine#176).
 
 # %%
 try:
@@ -96,10 +99,7 @@ fig
 engine = engines["prompt"]
 last_prompt = history[:-1]  # the last request, without the answer appended to it
 r = engine.run(last_prompt)
-repeat = {"scenario": "repeat", "keying": "prompt", "turn": turns, "prompt_tokens": r.prompt_tokens,
-          "reused_tokens": r.reused_tokens, "prefilled_tokens": r.prefilled_tokens,
-          "reuse_ratio": r.reuse_ratio, "ttft_ms": r.ttft_s * 1e3, "match": r.match,
-          "drift_index": r.drift_index, "output_tokens": len(r.output_ids)}
+repeat = row("repeat", "prompt", turns, r)
 r
 
 # %% [markdown]

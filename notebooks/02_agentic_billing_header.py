@@ -42,12 +42,9 @@ results_path = "results.parquet"
 
 # %%
 m = kv.load(model)
-
-def workload(system_tokens):
-    return kv.workloads.agentic_loop(turns=turns, seed=seed, system_tokens=system_tokens, tools=tools,
-                                     result_tokens=result_tokens, billing_header=True, max_tokens=max_tokens)
-
-wl = workload(system_tokens)
+sizes = dict(turns=turns, seed=seed, tools=tools, result_tokens=result_tokens, billing_header=True,
+             max_tokens=max_tokens)
+wl = kv.workloads.agentic_loop(system_tokens=system_tokens, **sizes)
 raw = [kv.tokenise(m, list(r.messages)) for r in wl]
 norm = [kv.tokenise(m, kv.normalise(list(r.messages))) for r in wl]
 print(wl[0].messages[0]["content"].splitlines()[0])
@@ -78,26 +75,17 @@ fig
 # ## Replay through the engine, raw and normalised
 
 # %%
-room = m.context_length - max_tokens
-engine_system_tokens, wl_engine = system_tokens, wl
-longest = max(len(t) for t in raw)
-while longest > room:  # seed sizes exceed the context: shrink the system prompt until it fits
-    engine_system_tokens = int(engine_system_tokens * room / longest * 0.95)
-    wl_engine = workload(engine_system_tokens)
-    longest = max(len(kv.tokenise(m, list(r.messages))) for r in wl_engine)
+# seed sizes exceed the models' contexts: the same workload with the system prompt shrunk to fit
+wl_engine, engine_system_tokens = kv.workloads.fit_to_context(kv.workloads.agentic_loop, m,
+                                                              system_tokens=system_tokens, **sizes)
 if engine_system_tokens != system_tokens:
     print(f"NOTE: {system_tokens} system tokens exceed {m.name}'s context of {m.context_length}; "
           f"the engine replays system_tokens={engine_system_tokens}")
 
-def make_store(name):
-    return {"radix": lambda: kv.RadixStore(budget_bytes=512 << 20),
-            "mlx-lru": lambda: kv.MlxLmLRUStore(max_size=10),
-            "paged": lambda: kv.PagedStore(block_size=16)}[name]()
-
 rows = []
 for store in stores:
     for mode in ("raw", "normalised"):
-        engine = kv.Engine(m, make_store(store), max_tokens=max_tokens)
+        engine = kv.Engine(m, kv.stores.make_store(store), max_tokens=max_tokens)
         prev = None
         for step, request in enumerate(wl_engine, 1):
             msgs = list(request.messages) if mode == "raw" else kv.normalise(list(request.messages))

@@ -41,22 +41,13 @@ results_path = "results.parquet"
 
 # %%
 m = kv.load(model)
-
-def workload(system_tokens):
-    return kv.workloads.shared_system_prompt(num_users=users, seed=seed, system_tokens=system_tokens,
-                                             tools=tools, question_tokens=question_tokens,
-                                             max_tokens=max_tokens)
-
-run_system_tokens = system_tokens
-room = m.context_length - max_tokens
-longest = max(len(kv.tokenise(m, list(r.messages))) for r in workload(run_system_tokens))
-while longest > room:  # the seed's 10K-token system prompt exceeds the context: shrink to fit
-    run_system_tokens = int(run_system_tokens * room / longest * 0.95)
-    longest = max(len(kv.tokenise(m, list(r.messages))) for r in workload(run_system_tokens))
+# the seed's 10K-token system prompt exceeds the context of the small models: shrink it to fit
+wl, run_system_tokens = kv.workloads.fit_to_context(
+    kv.workloads.shared_system_prompt, m, num_users=users, seed=seed, system_tokens=system_tokens,
+    tools=tools, question_tokens=question_tokens, max_tokens=max_tokens)
 if run_system_tokens != system_tokens:
     print(f"NOTE: {system_tokens} system tokens exceed {m.name}'s context of {m.context_length}; "
           f"running system_tokens={run_system_tokens}")
-wl = workload(run_system_tokens)
 system, question = wl[0].messages
 # the same question under an edited system prompt: the single entry must be invalidated
 changed = [{"role": "system", "content": "Today's date: 2026-01-01.\n" + system["content"]}, dict(question)]
@@ -72,17 +63,10 @@ split
 
 
 # %%
-def make_store(name):
-    return {"none": lambda: None,
-            "system": lambda: kv.SystemPromptStore(),
-            "radix": lambda: kv.RadixStore(budget_bytes=512 << 20),
-            "paged": lambda: kv.PagedStore(block_size=block_size),
-            "mlx-lru": lambda: kv.MlxLmLRUStore(max_size=10)}[name]()
-
 rows = []
 requests = [(r.name, r) for r in wl] + [("changed-system", changed)]
 for store in stores:
-    engine = kv.Engine(m, make_store(store), max_tokens=max_tokens)
+    engine = kv.Engine(m, kv.stores.make_store(store, block_size=block_size), max_tokens=max_tokens)
     for i, (name, request) in enumerate(requests, 1):
         r = engine.run(request, max_tokens)
         rows.append({"store": store, "request": name, "index": i, "prompt_tokens": r.prompt_tokens,

@@ -17,9 +17,9 @@
 #
 # Mooncake's public synthetic trace (512-token blocks, chained and remapped `hash_ids`) replayed
 # through LRU, FIFO and LFU block caches of several capacities with `kv.sweep` (model-free), plus
-# the unbounded cache. Both hit-rate definitions are reported (DESIGN pitfall 10): per token
-# (vLLM's) and per request (vllm-mlx's). The trace is read where it lives (`kv.traces.locate`),
-# never copied into the repository.
+# the unbounded cache. Both hit-rate definitions in use are reported, named: per token (vLLM's)
+# and per request (vllm-mlx's). The trace ships with kvlab in `data/traces/` (see its README for
+# source and licence); `kv.traces.locate` finds it, or `$KVLAB_TRACES` points elsewhere.
 
 # %%
 import kvlab as kv  # first: loads OpenBLAS before MLX (~40x faster float32 matmuls on Linux)

@@ -15,7 +15,7 @@
 # %% [markdown]
 # # 07 · Snapshot pitfalls: aliasing, stale tails, non-trimmable caches
 #
-# Three bugs other projects shipped (DESIGN pitfalls 3, 4, 5), each done the naive way and then with
+# Three bugs other projects shipped, each done the naive way and then with
 # kvlab, with the numbers in the results table:
 #
 # 1. **Aliasing** (vllm-mlx#575, seed 002's review): keeping the live cache's array objects as a
