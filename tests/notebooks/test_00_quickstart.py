@@ -16,6 +16,12 @@ def test_00_quickstart(tmp_path):
     assert r["first_reused_tokens"] == 0
     assert r["system_prefix_tokens"] <= r["second_reused_tokens"] < r["second_prompt_tokens"]
     assert r["second_verify_diff"] < LOGIT_TOL
+    # the saving is visible: a shared prefix of several hundred tokens, a short suffix to prefill
+    assert r["system_prefix_tokens"] >= 300 and r["second_reused_tokens"] >= 300
+    assert r["cold_prefilled_tokens"] == r["second_prompt_tokens"]
+    assert r["second_prefilled_tokens"] == r["second_prompt_tokens"] - r["second_reused_tokens"]
+    assert r["second_prefilled_tokens"] * 10 < r["cold_prefilled_tokens"]
+    assert r["ttft_speedup"] == pytest.approx(r["ttft_cold_ms"] / r["ttft_second_ms"])  # measured, not typed
     # the magics print readable text in papermill
     assert "kvlab: loaded Model('tiny'" in outputs(nb, "%kvlab load m")
     assert "kvlab run multi_turn on Engine(tiny" in outputs(nb, "%kvlab run multi_turn")
