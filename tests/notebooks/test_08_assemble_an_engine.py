@@ -7,12 +7,11 @@ import polars as pl
 import pytest
 from notebook_helpers import NOTEBOOKS, execute
 
-pytestmark = pytest.mark.notebook
-
 SAME_LOGITS = 1e-5  # float32: the two paths restore the same KV and run the same prefill
 BLOCK = 16
 
 
+@pytest.mark.notebook
 def test_08_assemble_an_engine(tmp_path):
     df, _ = execute("08_assemble_an_engine", tmp_path, users=3)
     assert df["kind"].to_list() == ["first", "shared system prompt", "shared system prompt", "exact repeat",
