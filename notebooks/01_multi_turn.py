@@ -1,0 +1,113 @@
+# ---
+# jupyter:
+#   jupytext:
+#     notebook_metadata_filter: -jupytext.text_representation.jupytext_version
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#   kernelspec:
+#     display_name: Python (kvlab)
+#     language: python
+#     name: kvlab
+# ---
+
+# %% [markdown]
+# # 01 · Multi-turn chat: prompt-only vs prompt + output keys (seed 001)
+#
+# Seed 001 (vllm-mlx#3) made prefix caching work across chat turns by keying the cache on the whole
+# sequence, prompt **and** generated output: the next turn's prompt contains the previous answer, so
+# a prompt-only key stops at the end of the previous prompt. Here the model's own answers feed the
+# history, once with each keying, and we count the tokens each turn reuses.
+#
+# Also seed 001's first fix: an exact repeat must still recompute the last token (a hit of `n - 1`).
+# Seed size: ~300 tokens a turn (`system_tokens=64, user_tokens=40` is about that);
+# `model = "smollm2"` for the embedded model.
+
+# %%
+import kvlab as kv  # first: loads OpenBLAS before MLX (~40x faster float32 matmuls on Linux)
+import polars as pl
+
+# %% tags=["parameters"]
+model = "tiny"            # "smollm2": the embedded SmolLM2-135M-Instruct
+turns = 4
+max_tokens = 16           # tokens generated per turn (the answer fed back into the history)
+seed = 0
+system_tokens = 64
+user_tokens = 40
+results_path = "results.parquet"
+
+# %%
+m = kv.load(model)
+wl = kv.workloads.multi_turn(turns=turns, seed=seed, system_tokens=system_tokens,
+                             user_tokens=user_tokens, max_tokens=max_tokens)
+system = wl[0].messages[0]
+questions = [r.messages[-1] for r in wl]  # the workload's canned replies are replaced by the model's
+m, wl
+
+
+# %% [markdown]
+# ## Chat with each keying
+# Same questions, same greedy model: the only difference is what each insert is keyed on.
+
+# %%
+def row(scenario, keying, turn, r):
+    return {"scenario": scenario, "keying": keying, "turn": turn, "prompt_tokens": r.prompt_tokens,
+            "reused_tokens": r.reused_tokens, "prefilled_tokens": r.prefilled_tokens,
+            "reuse_ratio": r.reuse_ratio, "ttft_ms": r.ttft_s * 1e3, "match": r.match,
+            "drift_index": r.drift_index, "output_tokens": len(r.output_ids)}
+
+def chat(keying):
+    engine = kv.Engine(m, kv.RadixStore(budget_bytes=512 << 20), keying=keying, max_tokens=max_tokens)
+    history, rows = [system], []
+    for turn, question in enumerate(questions, 1):
+        history.append(question)
+        r = engine.run(history)
+        history.append({"role": "assistant", "content": r.text})
+        rows.append(row("turn", keying, turn, r))
+    return engine, history, rows
+
+engines, rows = {}, []
+for keying in ("prompt", "prompt+output"):
+    engines[keying], history, more = chat(keying)
+    rows += more
+turns_frame = pl.DataFrame(rows)
+turns_frame.select("keying", "turn", "prompt_tokens", "reused_tokens", "reuse_ratio", "ttft_ms", "match", "drift_index")
+
+# %% [markdown]
+# `drift_index` (when set) is where the re-rendered history stopped matching the cached
+# prompt + output: templates that re-render earlier turns (e.g. drop `<think>` blocks) cut
+# prompt + output reuse short (mlx-engine#176).
+
+# %%
+try:
+    import plotly.graph_objects as go
+
+    fig = go.Figure([go.Bar(name=k, x=g["turn"].to_list(), y=g["reused_tokens"].to_list())
+                     for (k,), g in turns_frame.group_by("keying", maintain_order=True)])
+    fig.update_layout(barmode="group", title="tokens reused per turn", xaxis_title="turn",
+                      yaxis_title="reused tokens", height=320)
+except ImportError:
+    fig = "plotly is not installed"
+fig
+
+# %% [markdown]
+# ## An exact repeat
+# Re-sending the last prompt hits exactly; the last token is still computed (its logits start generation), so the hit is `n - 1` tokens.
+
+# %%
+engine = engines["prompt"]
+last_prompt = history[:-1]  # the last request, without the answer appended to it
+r = engine.run(last_prompt)
+repeat = row("repeat", "prompt", turns, r)
+r
+
+# %% [markdown]
+# ## Results
+
+# %%
+results = pl.concat([turns_frame, pl.DataFrame([repeat])], how="diagonal_relaxed").with_columns(
+    pl.lit(m.name).alias("model"))
+print(results.group_by("keying", "scenario", maintain_order=True).agg(
+    pl.col("reused_tokens").sum(), pl.col("prompt_tokens").sum(), pl.col("ttft_ms").median()))
+kv.runner.save_results(results, results_path)

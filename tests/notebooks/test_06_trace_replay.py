@@ -1,0 +1,23 @@
+"""06_trace_replay under papermill: the vendored Mooncake trace's hit ratios against capacity."""
+
+from __future__ import annotations
+
+import polars as pl
+import pytest
+from notebook_helpers import execute
+
+
+@pytest.mark.notebook
+def test_06_trace_replay(tmp_path):
+    # the trace ships in data/traces/: no skip, a missing trace is a failure
+    df, _ = execute("06_trace_replay", tmp_path, capacity_points=6)
+    infinite = df.filter(pl.col("policy") == "infinite").row(0, named=True)
+    assert abs(infinite["token_hit_ratio"] - 0.66) <= 0.01
+    assert infinite["requests"] == 3993 and infinite["capacity_tokens"] is None
+    for policy in ("lru", "fifo", "lfu"):
+        f = df.filter(pl.col("policy") == policy).sort("capacity_tokens")
+        assert f.height == 6
+        assert f["token_hit_ratio"][-1] == pytest.approx(infinite["token_hit_ratio"])  # all blocks fit
+        assert f["token_hit_ratio"][0] < 0.05
+    lru = df.filter(pl.col("policy") == "lru").sort("capacity_tokens")["token_hit_ratio"]
+    assert lru.is_sorted()  # LRU has the stack property: more capacity never hurts
