@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from difflib import SequenceMatcher
 from typing import Sequence
 
-from .divergence import _cell, _clip
+from .divergence import clipped, piece_html
 from .errors import TemplateError
 from .tokens import Tokens, tokenise
 
@@ -44,7 +44,7 @@ class VolatileField:
         where = (f"message {self.message_index} ({self.role})" if self.message_index is not None
                  else "text")
         toks = f" tokens {self.token_start}:{self.token_end}" if self.token_start is not None else ""
-        ex = ", ".join(_clip(v, 16) for v in self.examples[:3])
+        ex = ", ".join(clipped(v, 16) for v in self.examples[:3])
         more = ", ..." if len(self.examples) > 3 else ""
         return (f"VolatileField({self.name or '?'} in {where} chars {self.char_start}:{self.char_end}"
                 f"{toks}, {len(self.examples)} distinct: {ex}{more})")
@@ -68,7 +68,7 @@ class VolatileFields(list):
             f"<td>{html.escape(str(f.role))}</td><td>{f.char_start}:{f.char_end}</td>"
             f"<td>{'' if f.token_start is None else f'{f.token_start}:{f.token_end}'}</td>"
             f"<td style=\"font-family:monospace\">"
-            f"{' · '.join(_cell(v) for v in f.examples[:5])}</td></tr>" for f in self)
+            f"{' · '.join(piece_html(v) for v in f.examples[:5])}</td></tr>" for f in self)
         return f"<div><b>{len(self)} volatile field(s)</b><table>{head}{rows}</table></div>"
 
 
