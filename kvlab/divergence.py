@@ -2,6 +2,9 @@
 (see also kvlab.volatile for the fields that change per request, kvlab.normalisation for the fix).
 
 Example:
+    >>> req_a, req_b = ([{"role": "system", "content": kv.workloads.BILLING_HEADER.format(cch=c)
+    ...                   + "\\nBe brief."}, {"role": "user", "content": "Hi"}]
+    ...                 for c in ("eb6c6", "1f2a9"))
     >>> d = kv.diverge(kv.tokenise(m, req_a), kv.tokenise(m, req_b))
     >>> d.token_index, d.role         # the seed-002 billing header's cch= value
     (35, 'system')
@@ -109,7 +112,7 @@ def clipped(s: str, n: int = 24) -> str:
 
     Example:
         >>> clipped("x-anthropic-billing-header", 8)
-        "'x-anthrop...'"
+        "'x-anthro...'"
     """
     return repr(s if len(s) <= n else s[:n] + "...")
 

@@ -2,7 +2,11 @@
 billing header's cch= value), found by diffing renderings.
 
 Example:
+    >>> requests = [[{"role": "system", "content": kv.workloads.BILLING_HEADER.format(cch=c)
+    ...               + "\\nBe brief."}, {"role": "user", "content": "Hi"}]
+    ...             for c in ("eb6c6", "1f2a9", "03d41")]
     >>> kv.volatile_fields([kv.tokenise(m, r) for r in requests])[0]
+    VolatileField(cch in message 0 (system) chars 94:99 tokens 35:39, 3 distinct: 'eb6c6', ...)
 """
 
 from __future__ import annotations
@@ -205,6 +209,9 @@ def volatile_fields(prompts: Sequence, *, model=None) -> VolatileFields:
     so the result has token indices).
 
     Example:
+        >>> requests = [[{"role": "system", "content": kv.workloads.BILLING_HEADER.format(cch=c)
+        ...               + "\\nBe brief."}, {"role": "user", "content": "Hi"}]
+        ...             for c in ("eb6c6", "1f2a9", "03d41")]
         >>> kv.volatile_fields([kv.tokenise(m, r) for r in requests])[0]
         VolatileField(cch in message 0 (system) chars 94:99 tokens 35:39, 3 distinct: 'eb6c6', ...)
     """

@@ -8,7 +8,7 @@ Example:
     >>> import numpy as np
     >>> img = load_image(np.zeros((56, 56, 3), np.uint8))
     >>> img.size, image_hash(img)[:12]
-    ((56, 56), '6c5bd7b4f7c1')
+    ((56, 56), 'aa44028ed6d3')
 """
 
 from __future__ import annotations

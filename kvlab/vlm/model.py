@@ -175,8 +175,13 @@ class VLModel(Model):
         """Run ``tokens`` from the cache's offset to the end (a cold run when ``cache`` is None).
         Returns (logits, cache) like ``kv.prefill``.
 
-            >>> logits, cache = vlm.prefill(toks)                        # cold
-            >>> logits2, _ = vlm.prefill(toks, kv.restore(kv.trim(kv.snapshot(cache), 10)))
+        Example:
+            >>> vlm = kv.load_vlm("tiny")
+            >>> toks = kv.tokenise(vlm, list(kv.workloads.multimodal_mix(num_requests=2)[1].messages))
+            >>> logits, cache = vlm.prefill(toks)                                  # cold
+            >>> warm, _ = vlm.prefill(toks, kv.restore(kv.trim(kv.snapshot(cache), 10)))  # last 10
+            >>> float(mx.abs(warm - logits).max()) <= 1e-4
+            True
         """
         from ..snapshots import prefill
 

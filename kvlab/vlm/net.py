@@ -3,8 +3,12 @@
 snapshot and inside mlx-lm's ``generate_step``.
 
 Example:
-    >>> net = vlm.for_request(kv.tokenise(vlm, msgs))    # msgs with an image part
+    >>> vlm = kv.load_vlm("tiny")
+    >>> msgs = list(kv.workloads.multimodal_mix(num_requests=2)[1].messages)  # one image part
+    >>> net = vlm.for_request(kv.tokenise(vlm, msgs))
     >>> logits, cache = kv.prefill(net, net.tokens.ids)  # the vision tower runs once, here
+    >>> net.vision_calls, cache[0].offset == len(net.tokens.ids)
+    (1, True)
 """
 
 from __future__ import annotations

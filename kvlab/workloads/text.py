@@ -4,8 +4,8 @@ same seed gives the same text in any process.
 
 Example:
     >>> import numpy as np
-    >>> prose(np.random.default_rng(0), 12)[:24]
-    'Check row a cluster into'
+    >>> prose(np.random.default_rng(0), 12).split()[:3]
+    ['Carefully', 'diff', 'function']
 """
 
 from __future__ import annotations
