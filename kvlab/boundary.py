@@ -65,9 +65,10 @@ def split_at_boundary(tokens: Tokens, at="system") -> Split:
     """Split before message ``at`` (or after the leading system messages with ``at="system"``).
 
     Example:
+        >>> msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
         >>> s = kv.split_at_boundary(kv.tokenise(m, msgs), at="system")
-        >>> s.clean, len(s.prefix_ids)
-        (True, 37)
+        >>> s.clean, len(s.prefix_ids), len(s.suffix_ids)
+        (True, 8, 9)
     """
     if not tokens.messages or tokens.tokenizer is None:
         raise BoundaryError("this Tokens has no messages (it came from text or ids); tokenise a "

@@ -2,6 +2,9 @@
 (see also kvlab.volatile for the fields that change per request, kvlab.normalisation for the fix).
 
 Example:
+    >>> req_a, req_b = ([{"role": "system", "content": kv.workloads.BILLING_HEADER.format(cch=c)
+    ...                   + "\\nBe brief."}, {"role": "user", "content": "Hi"}]
+    ...                 for c in ("eb6c6", "1f2a9"))
     >>> d = kv.diverge(kv.tokenise(m, req_a), kv.tokenise(m, req_b))
     >>> d.token_index, d.role         # the seed-002 billing header's cch= value
     (35, 'system')
@@ -14,11 +17,7 @@ from __future__ import annotations
 import html
 from dataclasses import dataclass, field
 
-import numpy as np
-
-from .blocks import TokenIdError
-from .errors import TemplateError
-from .tokens import Tokens, common_prefix_len, tokenise
+from .tokens import Tokens, as_tokens, common_prefix_len
 
 
 # ---------------------------------------------------------------------------------------- diverge
@@ -89,11 +88,11 @@ class Divergence:
         rows = []
         for name, tok, after, char in (("a", self.token_a, self.after_a, self.char_a),
                                        ("b", self.token_b, self.after_b, self.char_b)):
-            shared = "".join(f'<span style="{grey}">{_cell(p)}</span>' for p in self.before)
-            rest = "".join(f"<span>{_cell(p)}</span>" for p in after)
+            shared = "".join(f'<span style="{grey}">{piece_html(p)}</span>' for p in self.before)
+            rest = "".join(f"<span>{piece_html(p)}</span>" for p in after)
             rows.append(
                 f"<tr><td><b>{name}</b></td><td style=\"font-family:monospace;white-space:pre\">"
-                f'{shared}<span style="background:#ffb3b3;font-weight:bold">{_cell(tok) or "∅"}</span>'
+                f'{shared}<span style="background:#ffb3b3;font-weight:bold">{piece_html(tok) or "∅"}</span>'
                 f"{rest}</td><td style=\"{grey}\">{'' if char is None else f'char {char}'}</td></tr>")
         return (f"<div><b>Divergence</b> at token {self.token_index}{html.escape(self._where())} · "
                 f"{self.common} tokens shared of {self.len_a} / {self.len_b} · "
@@ -108,40 +107,30 @@ def _side(before: tuple[str, ...], token: str, after: tuple[str, ...], index: in
     return repr(dots + left[-10:] + token[:16] + "".join(after)[:10])
 
 
-def _clip(s: str, n: int = 24) -> str:
+def clipped(s: str, n: int = 24) -> str:
+    """``repr`` of ``s``, cut to ``n`` characters (for one-line reprs).
+
+    Example:
+        >>> clipped("x-anthropic-billing-header", 8)
+        "'x-anthro...'"
+    """
     return repr(s if len(s) <= n else s[:n] + "...")
 
 
-def _cell(piece: str) -> str:
+def piece_html(piece: str) -> str:
+    """A token's (or value's) text for an HTML cell: escaped, newlines shown as ↵.
+
+    Example:
+        >>> piece_html("<a>\\n")
+        '&lt;a&gt;↵'
+    """
     return html.escape(piece).replace("\n", "↵")
 
 
-def _as_tokens(x, model, name: str) -> Tokens:
-    if isinstance(x, Tokens):
-        return x
-    if isinstance(x, str) or (isinstance(x, (list, tuple)) and x and isinstance(x[0], dict)):
-        if model is None:
-            raise TemplateError(f"{name} is text or messages; diverge compares token ids. Pass "
-                                f"model=... (or a tokenizer) or tokenise first with kv.tokenise")
-        return tokenise(model, x)
-    if isinstance(x, np.ndarray):
-        if x.dtype.kind not in "iu":
-            raise TokenIdError(f"{name} must hold integer token ids, got dtype {x.dtype}")
-        ids = tuple(x.tolist())
-    else:
-        try:
-            ids = tuple(x)
-        except TypeError:
-            raise TokenIdError(f"{name} must be Tokens or a sequence of token ids, "
-                               f"got {type(x).__name__}") from None
-        if not all(type(v) is int for v in ids):  # the common case stays a cheap C-speed scan
-            bad = next((v for v in ids
-                        if isinstance(v, bool) or not isinstance(v, (int, np.integer))), None)
-            if bad is not None:
-                raise TokenIdError(f"{name} holds {bad!r} ({type(bad).__name__}); "
-                                   "token ids must be ints")
-            ids = tuple(int(v) for v in ids)
-    return Tokens(ids, "", (), (), None, (), None)
+def _tokens_of(x, model, name: str) -> Tokens:
+    if isinstance(x, (list, tuple)) and not x:
+        return Tokens((), "")  # an empty prompt is a prefix of every prompt
+    return as_tokens(x, model, name=name)
 
 
 def diverge(a, b, *, context: int = 4, model=None) -> Divergence:
@@ -153,7 +142,7 @@ def diverge(a, b, *, context: int = 4, model=None) -> Divergence:
         >>> kv.diverge([1, 2, 3, 4], [1, 2, 9])
         Divergence(at token 2: '<1><2><3><4>' vs '<1><2><9>')
     """
-    ta, tb = _as_tokens(a, model, "a"), _as_tokens(b, model, "b")
+    ta, tb = _tokens_of(a, model, "a"), _tokens_of(b, model, "b")
     common = common_prefix_len(ta.ids, tb.ids)
     differ = common < len(ta) and common < len(tb)
     i = common
@@ -174,4 +163,4 @@ def diverge(a, b, *, context: int = 4, model=None) -> Divergence:
         has_messages=any(s.role != "text" for s in ta.spans))
 
 
-__all__ = ["Divergence", "diverge"]
+__all__ = ["Divergence", "clipped", "diverge", "piece_html"]

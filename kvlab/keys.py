@@ -8,7 +8,10 @@ trees), chained ``block_hashes`` (paged), a ``digest`` of a prefix (single-entry
 ``namespace_at`` (mlx-lm's model key).
 
 Example:
+    >>> msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
     >>> k = cache_key(kv.tokenise(m, msgs), salt="alice")
+    >>> k
+    CacheKey(17 ids, salt='alice')
     >>> k.prefix(10).namespace_at(10)
     ('alice', ())
 """

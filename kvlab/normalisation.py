@@ -3,8 +3,12 @@
 `x-anthropic-billing-header: ...` line.
 
 Example:
-    >>> kv.normalise(messages)                       # DEFAULT_RULES
-    >>> kv.normalise(messages, [kv.Rule("date", r"Today is .*\n")])
+    >>> msgs = [{"role": "system",
+    ...          "content": "x-anthropic-billing-header: cch=eb6c6;\\nToday is Monday.\\nBe brief."}]
+    >>> kv.normalise(msgs)[0]["content"]                       # DEFAULT_RULES
+    'Today is Monday.\\nBe brief.'
+    >>> kv.normalise(msgs, [*kv.DEFAULT_RULES, kv.Rule("date", r"Today is .*\\n")])[0]["content"]
+    'Be brief.'
 """
 
 from __future__ import annotations

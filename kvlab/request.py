@@ -151,7 +151,7 @@ class Workload:
 
         Example:
             >>> kv.workloads.prefix_repetition(num_prompts=10).token_ids()[0][:3]
-            (...)
+            (12418, 8855, 11572)
         """
         out = []
         for r in self.requests:

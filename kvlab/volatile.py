@@ -2,7 +2,11 @@
 billing header's cch= value), found by diffing renderings.
 
 Example:
+    >>> requests = [[{"role": "system", "content": kv.workloads.BILLING_HEADER.format(cch=c)
+    ...               + "\\nBe brief."}, {"role": "user", "content": "Hi"}]
+    ...             for c in ("eb6c6", "1f2a9", "03d41")]
     >>> kv.volatile_fields([kv.tokenise(m, r) for r in requests])[0]
+    VolatileField(cch in message 0 (system) chars 94:99 tokens 35:39, 3 distinct: 'eb6c6', ...)
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from dataclasses import dataclass
 from difflib import SequenceMatcher
 from typing import Sequence
 
-from .divergence import _cell, _clip
+from .divergence import clipped, piece_html
 from .errors import TemplateError
 from .tokens import Tokens, tokenise
 
@@ -44,7 +48,7 @@ class VolatileField:
         where = (f"message {self.message_index} ({self.role})" if self.message_index is not None
                  else "text")
         toks = f" tokens {self.token_start}:{self.token_end}" if self.token_start is not None else ""
-        ex = ", ".join(_clip(v, 16) for v in self.examples[:3])
+        ex = ", ".join(clipped(v, 16) for v in self.examples[:3])
         more = ", ..." if len(self.examples) > 3 else ""
         return (f"VolatileField({self.name or '?'} in {where} chars {self.char_start}:{self.char_end}"
                 f"{toks}, {len(self.examples)} distinct: {ex}{more})")
@@ -68,7 +72,7 @@ class VolatileFields(list):
             f"<td>{html.escape(str(f.role))}</td><td>{f.char_start}:{f.char_end}</td>"
             f"<td>{'' if f.token_start is None else f'{f.token_start}:{f.token_end}'}</td>"
             f"<td style=\"font-family:monospace\">"
-            f"{' · '.join(_cell(v) for v in f.examples[:5])}</td></tr>" for f in self)
+            f"{' · '.join(piece_html(v) for v in f.examples[:5])}</td></tr>" for f in self)
         return f"<div><b>{len(self)} volatile field(s)</b><table>{head}{rows}</table></div>"
 
 
@@ -205,6 +209,9 @@ def volatile_fields(prompts: Sequence, *, model=None) -> VolatileFields:
     so the result has token indices).
 
     Example:
+        >>> requests = [[{"role": "system", "content": kv.workloads.BILLING_HEADER.format(cch=c)
+        ...               + "\\nBe brief."}, {"role": "user", "content": "Hi"}]
+        ...             for c in ("eb6c6", "1f2a9", "03d41")]
         >>> kv.volatile_fields([kv.tokenise(m, r) for r in requests])[0]
         VolatileField(cch in message 0 (system) chars 94:99 tokens 35:39, 3 distinct: 'eb6c6', ...)
     """

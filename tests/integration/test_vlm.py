@@ -324,3 +324,103 @@ def test_reprs(vlm):
     px = vlm.process_image(_image(20))
     assert repr(px) == f"Pixels({px.hash[:12]}, grid 1x4x6, 6 tokens)" and "<b>Pixels" in px._repr_html_()
     assert os.fspath(vlm.path) in vlm._repr_html_()
+
+
+# -- the model interface a text model shares (issue 9 §2) ---------------------------------------
+
+def test_net_runs_text_only_ids_like_mlx_vlm(vlm):
+    """``vlm.net`` is the text-only net: ``kv.prefill(vlm, ids)`` equals mlx-vlm's own forward
+    pass and ``vlm.prefill(tokens)``. Mutant caught: ``net`` left as the mlx-vlm module (its call
+    returns an output object, not logits, and kv.prefill fails)."""
+    from kvlab.snapshots import Runnable
+
+    toks = kv.tokenise(vlm, [{"role": "system", "content": SYSTEM},
+                             {"role": "user", "content": "Name a colour."}])
+    mine, cache = kv.prefill(vlm, toks.ids, all_logits=True)
+    # positions passed explicitly: mlx-vlm's own call reuses the positions of the last image
+    # request it ran (state kept between calls), so without them the reference depends on test order
+    ids = mx.array(toks.ids)[None]
+    positions, _ = vlm.model.language_model.get_rope_index(ids, None, None, None)
+    ref = vlm.model.language_model(ids, cache=vlm.make_cache(), position_ids=positions).logits[0]
+    assert mine.shape == (len(toks.ids), vlm.vocab_size)
+    assert float(mx.abs(mine - ref).max()) <= LOGIT_TOL
+    theirs, _ = vlm.prefill(toks, all_logits=True)
+    assert float(mx.abs(mine - theirs).max()) <= LOGIT_TOL
+    assert cache[0].offset == len(toks.ids)
+    # both nets are kvlab Runnables: kv.prefill checks their ids and makes their caches
+    assert isinstance(vlm, Runnable) and isinstance(vlm.net, Runnable)
+    assert isinstance(vlm.for_request(toks), Runnable) and vlm.for_request(toks).net.tokens is toks
+    assert repr(vlm.net) == "RequestModel('tiny-vlm', text-only, 0 images, 0 vision calls)"
+
+
+def test_net_refuses_image_placeholders_without_pixels(vlm):
+    """Image placeholder ids through the text-only net would silently embed the placeholder
+    token instead of the image: ImageError pointing to the Tokens path. Mutant caught: drop the
+    placeholder check in RequestModel for tokens=None -> kv.prefill runs and returns logits."""
+    ids = kv.tokenise(vlm, _msgs(_image(21))).ids
+    with pytest.raises(ImageError, match=r"carry no pixels.*vlm\.prefill"):
+        kv.prefill(vlm, ids)
+    with pytest.raises(kv.KvlabError, match="takes the Tokens"):
+        vlm.prefill(list(ids))
+
+
+def test_request_model_checks_ids(vlm):
+    toks = kv.tokenise(vlm, _msgs(_image(22)))
+    net = vlm.for_request(toks)
+    v = vlm.vocab_size
+    with pytest.raises(kv.TokenIdError, match=rf"position 1 holds id {v}, .*\[0, {v}\)"):
+        net.check_ids([5, v])
+    _, cache = vlm.prefill(toks)
+    n = len(toks.ids)
+    # decoding past the prompt: the position named is the request's, not the chunk's
+    with pytest.raises(kv.TokenIdError, match=rf"position {n + 1} holds id -3,"):
+        net(mx.array([[7, -3]]), cache=cache)
+    assert cache[0].offset == n  # rejected before anything ran
+
+
+CHILD = """
+import json
+import kvlab as kv
+import mlx.core as mx
+
+vlm = kv.load_vlm("tiny")
+V = vlm.vocab_size
+msgs = [{"role": "user", "content": "Hi"}]
+toks = kv.tokenise(vlm, msgs)
+out = {}
+
+def attempt(name, fn):
+    try:
+        fn()
+        out[name] = "no error"
+    except kv.KvlabError as e:
+        out[name] = f"{type(e).__name__}: {e}"
+
+net = vlm.for_request(toks)
+attempt("prefill_vlm", lambda: kv.prefill(vlm, [1, 10**9]))
+attempt("prefill_net", lambda: kv.prefill(net, [1, 2, V]))
+attempt("call_net", lambda: net(mx.array([[10**9]]), cache=vlm.make_cache()))
+attempt("call_text_net", lambda: vlm.net(mx.array([[3, V + 7]]), cache=vlm.make_cache()))
+attempt("engine", lambda: kv.Engine(vlm, kv.RadixStore()).run([4, -5], max_tokens=1))
+print("RESULTS " + json.dumps({"vocab": V, **out}))
+"""
+
+
+def test_out_of_vocabulary_ids_get_a_kvlab_error_not_a_crash(tmp_path):
+    """Issue 9 §7 for the VLM: MLX gathers embeddings without a bounds check, so an id past the
+    vocabulary kills the process. Run in a child that must survive. Mutant caught: drop the range
+    check in RequestModel._checked -> the child dies (call_net, call_text_net)."""
+    import json
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True,
+                          cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, f"the child died ({proc.returncode}): {proc.stderr[-2000:]}"
+    got = json.loads(next(x for x in proc.stdout.splitlines() if x.startswith("RESULTS "))[8:])
+    v = got["vocab"]
+    for case, position, value in (("prefill_vlm", 1, 10**9), ("prefill_net", 2, v),
+                                  ("call_net", 0, 10**9), ("call_text_net", 1, v + 7),
+                                  ("engine", 1, -5)):
+        assert got[case].startswith("TokenIdError: "), (case, got[case])
+        assert f"position {position} holds id {value}" in got[case] and f"[0, {v})" in got[case], got[case]

@@ -195,3 +195,25 @@ def test_bench_hashing_reports_each_algo():
     assert r["algos"]["xxh3_128"]["median_tokens_per_s"] > 2e6
     with pytest.raises(UnknownAlgoError):
         bench_hashing(algos=["crc32"])
+
+
+@pytest.mark.parametrize("ids,position,value", [
+    ([1, 2, 64], 2, 64), ((7, -5, 3), 1, -5), (np.array([1, 2, 3, 99]), 3, 99),
+    (Tokens((0, 1, 2**31), ""), 2, 2**31)])
+def test_vocab_size_rejects_ids_outside_the_vocabulary(ids, position, value):
+    """Issue 9 §7: with a known vocabulary, block hashing names the first id outside it.
+    Mutant caught: `>= vocab_size` written `> vocab_size` (the id 64 case passes unnoticed)."""
+    with pytest.raises(TokenIdError, match=rf"position {position} holds id {value}, .*\[0, 64\)"):
+        block_hashes(ids, 4, vocab_size=64)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(0, 63), max_size=60), bs_st)
+def test_vocab_size_leaves_valid_hashes_unchanged(ids, bs):
+    assert block_hashes(ids, bs, vocab_size=64) == block_hashes(ids, bs)
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.0, True, "64"])
+def test_vocab_size_must_be_a_positive_int(bad):
+    with pytest.raises(TokenIdError, match="vocab_size must be a positive int"):
+        block_hashes([1, 2], 2, vocab_size=bad)

@@ -132,6 +132,18 @@ def test_diverge_bad_input(tok):
         diverge(np.array([1.0]), [1])
 
 
+def test_diverge_ids_with_a_model_are_checked_and_decoded(tok):
+    """Ids go through kvlab.tokens.as_tokens: with a model they are checked against its
+    vocabulary and shown as text. Mutant caught: a local ids path that ignores model= (no
+    TokenIdError for 10**9, pieces shown as '<id>')."""
+    a, b = tokenise(tok, "the cat sat").ids, tokenise(tok, "the cat sang").ids
+    d = diverge(list(a), list(b), model=tok)
+    assert d.token_a == tok.decode([a[d.token_index]]) and not d.token_a.startswith("<")
+    with pytest.raises(TokenIdError, match="position 1 holds id 1000000000"):
+        diverge([1, 10**9], [1, 2], model=tok)
+    assert diverge([], [1, 2]).is_prefix and diverge((), ()).identical
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.integers(0, 50), max_size=40), st.lists(st.integers(0, 50), max_size=40))
 def test_diverge_properties(a, b):

@@ -196,3 +196,66 @@ def test_bad_sizes_raise():
         kv.workloads.multi_turn(turns=0)
     with pytest.raises(RequestError, match="prefix_len must be a positive int"):
         kv.workloads.prefix_repetition(prefix_len=0)
+
+
+# Workload.digest() of every generator at its defaults and other parameters, recorded from the
+# single-module kvlab/workloads.py before it became a package (issue 9 §4): the same seeds must
+# keep giving byte-identical requests. Mutants caught: a changed draw order in a text helper, a
+# reordered or edited tool schema in kvlab/data/tool_schemas.json, another HF-tokenizer unwrap.
+RECORDED = [
+    ("multi_turn", {}, "d2fa3268a94ef254c0b65a5cedcfd4b81c0290eb5b77523764b8b541213a3258"),
+    ("multi_turn", dict(turns=5, seed=7, system_tokens=200, user_tokens=10, reply_tokens=90,
+                        max_tokens=16),
+     "6a3ecd33bc5d1707971cd96a3811e188c10897b3f251b4e0786bf6fb63433ecd"),
+    ("agentic_loop", {}, "d0b7b92a963f5cdf51d0033933ed635a796060e9de5f6f62ca1cc6f3a0c4fe77"),
+    ("agentic_loop", dict(turns=6, seed=3, system_tokens=2000, tools=13, result_tokens=50),
+     "c1f3ca6e0040097913821af0a52c16fa6b77aeaab03f39dcfe2e435010fd140f"),
+    ("agentic_loop", dict(turns=2, billing_header=False, tools=0, system_tokens=100),
+     "6d8f100430a0e8bbc1d175986fb9719f7cc36af9bf5525825bfcfbe06e11a543"),
+    ("shared_system_prompt", {}, "b1736c958b613bbeb3474530ec7f9f03d0a99a866a4f60da54139629b32b656b"),
+    ("shared_system_prompt", dict(num_users=7, seed=2, system_tokens=3000, tools=9, question_tokens=80),
+     "889dbc7bdfb6881f1cfb140bf0d65925ad8d21bcdf94378078d4900102a51f69"),
+    ("prefix_repetition", {}, "8768bdab7df0a5f7c54e218d0d92acf636821a64cb030702db78f85accb86762"),
+    ("prefix_repetition", dict(prefix_len=512, suffix_len=128, num_prompts=50, num_prefixes=1),
+     "0f12045823e916cc958120a6134eaf99e9cbdf179bf4cbe4d084c90e30e4d1d6"),
+    ("prefix_repetition", dict(prefix_len=64, suffix_len=32, num_prompts=12, num_prefixes=3, seed=5,
+                               shuffle=False, vocab_size=1000),
+     "4845be8fbfeeee50a49a129626d19c59e03d8c298d97b03349c102b571abcbb2"),
+    ("prefix_repetition", dict(prefix_len=48, suffix_len=24, num_prompts=4, num_prefixes=2,
+                               tokenizer="qwen"),
+     "ec6e87a32f11947a467ed93b2ce0a65c0db46987150324045908b823b2001058"),
+    ("multimodal_mix", {}, "8d78420ecbd295358aa622f313a15c8e8a77c46ec8750380f32ebe0cef6f9469"),
+    ("multimodal_mix", dict(num_requests=9, seed=4, image_every=3, image_size=(24, 40),
+                            system_tokens=100, same_text=False),
+     "197ef1558705360f70505365dd4899607399f6f760947112f0a4f62a9028cf64"),
+]
+
+
+@pytest.mark.parametrize("name,params,digest", RECORDED,
+                         ids=[f"{n}-{i}" for i, (n, _, _) in enumerate(RECORDED)])
+def test_generators_are_byte_identical_to_the_recorded_digests(name, params, digest, qwen_tokenizer):
+    if params.get("tokenizer") == "qwen":
+        params = {**params, "tokenizer": qwen_tokenizer}
+    assert GENERATORS[name](**params).digest() == digest
+
+
+def test_every_generator_has_a_recorded_digest():
+    assert {name for name, _, _ in RECORDED} == set(GENERATORS)
+
+
+def test_package_keeps_its_public_names():
+    for name in ("Request", "Workload", "GENERATORS", "fit_to_context", "BILLING_HEADER",
+                 *GENERATORS):
+        assert hasattr(kv.workloads, name), name
+    assert kv.workloads.Request is kv.Request and kv.workloads.Workload is kv.Workload
+    assert kv.workloads.BILLING_HEADER.startswith("x-anthropic-billing-header:")
+
+
+def test_tool_schemas_are_package_data():
+    from importlib import resources
+
+    from kvlab.workloads.text import tool_schemas
+
+    raw = json.loads(resources.files("kvlab").joinpath("data", "tool_schemas.json").read_text())
+    assert [s["name"] for s in raw] == [s["name"] for s in tool_schemas()] and len(raw) == 13
+    assert all(s["input_schema"]["type"] == "object" for s in raw)

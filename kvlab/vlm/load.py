@@ -1,0 +1,100 @@
+"""load_vlm(): "tiny" or a local mlx-vlm qwen2_vl folder as a kvlab VLModel. Never downloads.
+
+Example:
+    >>> kv.load_vlm("tiny")
+    VLModel('tiny-vlm', qwen2_vl, 4 layers, ...)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from .. import _blas
+
+_blas.load_fast_blas()  # before mlx.core
+
+import mlx.core as mx  # noqa: E402
+
+from ..errors import KvlabError, ModelNotFoundError, VLMUnavailableError  # noqa: E402
+from ..models import (DTYPES, TOKENIZER_FILES, context_length_of, default_dtype,  # noqa: E402
+                      digest_files, read_manifest, sha256_json, stored_dtype)
+from .build import PROCESSOR_FILES, ensure_tiny_vlm  # noqa: E402
+from .model import VLModel  # noqa: E402
+
+SUPPORTED_ARCHS = ("qwen2_vl",)
+HOW = ("pass \"tiny\" or a local mlx-vlm qwen2_vl folder (config.json with a vision_config, "
+       "*.safetensors, tokenizer and preprocessor_config.json); kvlab never downloads models")
+
+
+def require_mlx_vlm() -> None:
+    """VLMUnavailableError (saying what to install) unless mlx-vlm imports."""
+    try:
+        import mlx_vlm  # noqa: F401
+    except ImportError as e:
+        raise VLMUnavailableError("kvlab's VLM support needs mlx-vlm: pip install 'kvlab[vlm]' "
+                                  f"(mlx-vlm and pillow); import failed: {e}") from e
+
+
+def load_vlm(name_or_path: str | os.PathLike = "tiny", *, dtype: str | None = None) -> VLModel:
+    """Load "tiny" (a deterministic random-weight qwen2_vl, built offline into $KVLAB_HOME) or a
+    local mlx-vlm qwen2_vl folder. Never downloads.
+
+    Example:
+        >>> vlm = kv.load_vlm("tiny"); vlm
+        VLModel('tiny-vlm', qwen2_vl, 4 layers, ...)
+    """
+    require_mlx_vlm()
+    if dtype is not None and dtype not in DTYPES:
+        raise KvlabError(f"dtype {dtype!r} is not supported; use one of {', '.join(DTYPES)}")
+    key = os.fspath(name_or_path)
+    if key in ("tiny", "tiny-vlm"):
+        return load_folder(ensure_tiny_vlm(), "tiny-vlm", dtype or "float32")
+    path = Path(key).expanduser()
+    if not path.is_dir():
+        raise ModelNotFoundError(f"{key!r} is neither \"tiny\" nor a local folder: {HOW}")
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError) as e:
+        raise ModelNotFoundError(f"{path} has no readable config.json ({e}): {HOW}") from e
+    if "vision_config" not in config or not list(path.glob("*.safetensors")):
+        raise ModelNotFoundError(f"{path} is not an mlx-vlm model folder (it needs a config.json with "
+                                 f"a vision_config and *.safetensors): {HOW}")
+    return load_folder(path.resolve(), path.name, dtype)
+
+
+def load_folder(folder: Path, name: str, dtype: str | None) -> VLModel:
+    """A VLModel from an existing local mlx-vlm folder (``dtype=None``: the stored dtype, or the
+    platform's fastest for half-precision weights)."""
+    import mlx_vlm
+    from mlx_lm.tokenizer_utils import TokenizerWrapper
+
+    config = json.loads((folder / "config.json").read_text())
+    arch = config.get("model_type")
+    if arch not in SUPPORTED_ARCHS:
+        raise ModelNotFoundError(f"{folder} is a {arch!r} model; kvlab's image prefill supports "
+                                 f"{', '.join(SUPPORTED_ARCHS)} (M-RoPE positions and the vision "
+                                 "tower call are architecture-specific)")
+    try:
+        model, processor = mlx_vlm.load(str(folder))  # an existing local folder: never the hub
+    except (ValueError, FileNotFoundError, KeyError, OSError) as e:
+        raise ModelNotFoundError(f"mlx-vlm cannot load {folder}: {e}. {HOW}") from e
+    stored = stored_dtype(model)
+    if dtype is None:
+        dtype = default_dtype() if stored in ("float16", "bfloat16") else stored
+    if dtype != stored:
+        model.set_dtype(getattr(mx, dtype))
+    hf = processor.tokenizer
+    if not getattr(hf, "chat_template", None):
+        raise ModelNotFoundError(f"{folder} has no chat template (chat_template.json or "
+                                 "tokenizer_config.json): kvlab needs it to place image tokens")
+    eos = config.get("eos_token_id")
+    tokenizer = TokenizerWrapper(hf, eos_token_ids=[eos] if isinstance(eos, int) else eos)
+    manifest = read_manifest(folder)
+    weights = (manifest["weights_sha256"] if manifest else
+               digest_files(folder, sorted(p.name for p in folder.glob("*.safetensors"))))
+    files = digest_files(folder, TOKENIZER_FILES + PROCESSOR_FILES)
+    fp = sha256_json({"config": config, "weights": weights, "files": files, "dtype": dtype})
+    return VLModel(name, model, tokenizer, fp, folder, config, dtype,
+                   context_length_of(config, hf), "vlm", processor)
