@@ -17,14 +17,12 @@ import json
 import os
 import shutil
 import sys
-import tempfile
 import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from filelock import FileLock
 
 from . import _blas
 
@@ -35,26 +33,18 @@ from mlx.utils import tree_flatten, tree_unflatten  # noqa: E402
 
 from . import gguf  # noqa: E402
 from .errors import KvlabError, ModelNotFoundError  # noqa: E402
+from .folders import (TOKENIZER_FILES, digest_files, ensure_folder,  # noqa: E402
+                      kvlab_home, read_manifest, sha256_json)
 from .tokens import Tokens, check_ids, tokenise_text, vocab_limit  # noqa: E402
 
 DTYPES = ("float16", "bfloat16", "float32")
 NAMES = ("smollm2", "tiny", "tiny-hybrid")
-MANIFEST = "kvlab.json"
-MANIFEST_VERSION = 1
 TINY_VERSION = 1  # bump when the tiny builders' output changes
 TINY_SEED = 0
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                   "added_tokens.json", "vocab.json", "merges.txt", "tokenizer.model",
-                   "chat_template.jinja", "chat_template.json")
 QWEN_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt")
 _HOW = ("pass a local mlx-lm model folder (config.json + *.safetensors, e.g. one made by "
         "`mlx_lm.convert`) or one of the known names: " + ", ".join(NAMES) +
         "; kvlab never downloads models")
-
-
-def kvlab_home() -> Path:
-    """Where kvlab keeps converted models: $KVLAB_HOME, default ~/.cache/kvlab."""
-    return Path(os.environ.get("KVLAB_HOME") or "~/.cache/kvlab").expanduser().resolve()
 
 
 def default_dtype() -> str:
@@ -304,55 +294,6 @@ def _build_tiny(out: Path, cfg: dict) -> None:
     mx.save_safetensors(str(out / "model.safetensors"), params, metadata={"format": "mlx"})
 
 
-def ensure_folder(folder: Path, expect: dict, build) -> tuple[Path, bool]:
-    """Build `folder` once: in a temp sibling, manifest written last, then renamed into place."""
-    if read_manifest(folder, expect):
-        return folder, False
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(folder.parent / f".{folder.name}.lock"):
-        if read_manifest(folder, expect):  # another process built it while we waited
-            return folder, False
-        for stale in folder.parent.glob(f".{folder.name}.tmp-*"):
-            shutil.rmtree(stale, ignore_errors=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.tmp-", dir=folder.parent))
-        try:
-            tmp.chmod(0o755)  # mkdtemp makes it private; the final folder should not be
-            start = time.perf_counter()
-            build(tmp)
-            weights = sorted(tmp.glob("model*.safetensors"))
-            manifest = {"kvlab_manifest": MANIFEST_VERSION, **expect,
-                        "weights_sha256": digest_files(tmp, [w.name for w in weights]),
-                        "weights_bytes": {w.name: w.stat().st_size for w in weights},
-                        "tokenizer_sha256": digest_files(tmp, TOKENIZER_FILES),
-                        "build_seconds": round(time.perf_counter() - start, 2)}
-            (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2))
-            if folder.exists():  # an invalid leftover (older builder): move aside, then delete
-                old = Path(tempfile.mkdtemp(prefix=f".{folder.name}.tmp-", dir=folder.parent))
-                os.replace(folder, old / "old")
-                shutil.rmtree(old, ignore_errors=True)
-            os.replace(tmp, folder)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-    return folder, True
-
-
-def read_manifest(folder: Path, expect: dict | None = None) -> dict | None:
-    """The folder's manifest if it is complete (and matches `expect`), else None."""
-    try:
-        manifest = json.loads((folder / MANIFEST).read_text())
-        sizes = {n: (folder / n).stat().st_size for n in manifest["weights_bytes"]}
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    if manifest.get("kvlab_manifest") != MANIFEST_VERSION or sizes != manifest["weights_bytes"]:
-        return None
-    if expect and any(manifest.get(k) != v for k, v in expect.items()):
-        return None
-    return manifest
-
-
-
-
 # -- loading and fingerprints --------------------------------------------------------------------
 
 def _load_folder(folder: Path, name: str, dtype: str | None) -> Model:
@@ -393,22 +334,3 @@ def context_length_of(config: dict, tokenizer) -> int:
                 return cfg[key]
     limit = getattr(tokenizer, "model_max_length", 0)
     return limit if isinstance(limit, int) and limit < 10**9 else 0  # 0: unknown
-
-
-def sha256_json(obj) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
-
-
-def digest_files(folder: Path, names) -> str:
-    """sha256 over (name, sha256 of bytes) of those `names` present in `folder`, streamed."""
-    outer = hashlib.sha256()
-    for name in sorted(names):
-        path = Path(folder) / name
-        if not path.is_file():
-            continue
-        inner = hashlib.sha256()
-        with open(path, "rb") as fh:
-            while chunk := fh.read(1 << 22):
-                inner.update(chunk)
-        outer.update(f"{name}\0{inner.hexdigest()}\n".encode())
-    return outer.hexdigest()

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import kvlab as kv
-from kvlab import models
+from kvlab import folders, models
 
 import mlx.core as mx  # noqa: E402  (after kvlab: OpenBLAS first)
 from mlx_lm import generate  # noqa: E402
@@ -191,7 +191,7 @@ def test_smollm2_folder_and_tokenizer(smol):
 
 @pytest.mark.embedded
 def test_fingerprint_stable_across_processes(smol, tiny):
-    home = models.kvlab_home()
+    home = folders.kvlab_home()
     assert _child("kv.load().fingerprint", home) == smol.fingerprint == kv.fingerprint(smol)
     assert _child("kv.load('tiny').fingerprint", home) == tiny.fingerprint
     assert smol.fingerprint != tiny.fingerprint

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import kvlab as kv
-from kvlab import gguf, models
+from kvlab import folders, gguf, models
 
 import mlx.core as mx  # noqa: E402  (after kvlab: OpenBLAS first)
 
@@ -69,19 +69,19 @@ def test_bad_arguments_fail_before_building(tmp_path, monkeypatch):
 
 def test_home_and_dtype_defaults(tmp_path, monkeypatch):
     monkeypatch.setenv("KVLAB_HOME", str(tmp_path / "h"))
-    assert models.kvlab_home() == (tmp_path / "h").resolve()
+    assert folders.kvlab_home() == (tmp_path / "h").resolve()
     monkeypatch.delenv("KVLAB_HOME")
-    assert models.kvlab_home().parts[-2:] == (".cache", "kvlab")
+    assert folders.kvlab_home().parts[-2:] == (".cache", "kvlab")
     assert models.default_dtype() == ("bfloat16" if sys.platform == "darwin" else "float32")
 
 
 def test_digest_files(tmp_path):
     (tmp_path / "a.json").write_text("1")
     (tmp_path / "b.json").write_text("2")
-    d = models.digest_files(tmp_path, ["b.json", "a.json", "missing.json"])
-    assert d == models.digest_files(tmp_path, ["a.json", "b.json"])
+    d = folders.digest_files(tmp_path, ["b.json", "a.json", "missing.json"])
+    assert d == folders.digest_files(tmp_path, ["a.json", "b.json"])
     (tmp_path / "a.json").write_text("3")
-    assert d != models.digest_files(tmp_path, ["a.json", "b.json"])
+    assert d != folders.digest_files(tmp_path, ["a.json", "b.json"])
 
 
 def test_gguf_path_points_at_the_packaged_file():
