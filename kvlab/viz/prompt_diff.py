@@ -32,8 +32,9 @@ def prompt_tokens(x, tokenizer, name: str) -> Tokens:
     try:
         return as_tokens(x, tokenizer, name=name, chatml_spans=True)
     except (TemplateError, TokenIdError) as e:
-        raise VizError(f"{e} (kv.viz.divergence takes the model as its third argument: "
-                       f"divergence(a, b, model))") from e
+        hint = (" (kv.viz.divergence takes the model as its third argument: divergence(a, b, model))"
+                if tokenizer is None and isinstance(e, TemplateError) else "")
+        raise VizError(f"{e}{hint}") from e
 
 
 def volatile_spans(ta: Tokens, tb: Tokens) -> list[tuple[int, int, str]]:

@@ -58,6 +58,7 @@ CELLS = [
 
 PLOTS_JS = """() => Array.from(document.querySelectorAll('.kvlab-inspector .js-plotly-plot')).map(d => ({
     type: d.data && d.data.length ? d.data[0].type : null,
+    traces: d.data ? d.data.length : null,
     meta: d.layout ? d.layout.meta : null,
     title: d.layout && d.layout.title ? d.layout.title.text : null,
     visible: d.offsetParent !== null}))"""
