@@ -1,7 +1,9 @@
 """kvlab.viz: plotly figures (data in, Figure out) and the ipywidgets Inspector.
 
-Needs the notebook extras (``pip install "kvlab[notebooks]"``); ``import kvlab`` alone never imports
-plotly.
+One module per figure family: ``tree`` (prefix_tree), ``memory`` (memory_over_time),
+``prompt_diff`` (divergence), ``blocks`` (block_grid), ``curves`` (hit_ratio_curves); the
+Inspector app in ``inspector`` (with its panels in ``panels``). Needs the notebook extras
+(``pip install "kvlab[notebooks]"``); ``import kvlab`` alone never imports plotly.
 
 Example:
     >>> kv.viz.prefix_tree(engine.store, m.tokenizer)
@@ -11,34 +13,25 @@ Example:
 
 from __future__ import annotations
 
-import importlib
-
 from ..errors import MissingExtraError, VizError
-
-
-def require(module: str, what: str = "kvlab.viz"):
-    """Import ``module`` or raise a MissingExtraError that says how to install it."""
-    try:
-        return importlib.import_module(module)
-    except ImportError as e:
-        raise MissingExtraError(
-            f"{what} needs {module.split('.')[0]}, which is not installed: "
-            f'pip install "kvlab[notebooks]" (or pip install plotly ipywidgets anywidget)') from e
-
+from .extras import require
 
 require("plotly.graph_objects")
 
-from .figures import (block_grid, divergence, hit_ratio_curves, memory_over_time,  # noqa: E402
-                      prefix_tree)
+from .blocks import block_grid  # noqa: E402
+from .curves import hit_ratio_curves  # noqa: E402
+from .memory import memory_over_time  # noqa: E402
+from .prompt_diff import divergence  # noqa: E402
+from .tree import prefix_tree  # noqa: E402
 
 __all__ = ["prefix_tree", "memory_over_time", "divergence", "block_grid", "hit_ratio_curves",
-           "Inspector", "VizError"]
+           "Inspector", "VizError", "MissingExtraError", "require"]
 
 
 def __getattr__(name):
     # ipywidgets is imported only when the widget is asked for
     if name == "Inspector":
-        from .widgets import Inspector
+        from .inspector import Inspector
 
         return Inspector
     raise AttributeError(f"module 'kvlab.viz' has no attribute {name!r}")

@@ -1,6 +1,6 @@
 """kv.Inspector, headless, on the tiny model: the FigureWidgets follow the engine, controls driven
 through traitlets and through a frontend-style comm message, and the budget replay agrees with a
-real store run at that budget."""
+real store run at that budget (kvlab.replay runs that store's own code)."""
 
 import polars as pl
 import pytest
@@ -39,9 +39,19 @@ def test_inspector_follows_the_engine(tiny):
 
     run(engine, REQUESTS[:2])
     tree_before = list(ins.figs["tree"].data[0].values)
+    hits_before = list(ins.figs["tree"].data[0].marker.colors)
     run(engine, REQUESTS[2:])
     s = ins.state()
     tree = engine.store.tree_frame()
+    # request 3 adds no node, it only changes hits: the drawing must be today's tree, node for
+    # node (a tree drawn once and left stale would still show hits_before)
+    drawn = ins.figs["tree"].data[0]
+    assert tree["hits"].to_list() != hits_before
+    assert list(drawn.ids) == [str(i) for i in tree["id"].to_list()]
+    assert list(drawn.marker.colors) == tree["hits"].to_list()
+    ins.color.value = "recency"
+    assert list(ins.figs["tree"].data[0].marker.colors) == tree["last_used"].to_list()
+    ins.color.value = "hits"
     assert s["requests"] == 3 and s["table_rows"] == 3 and s["error"] is None
     assert s["tree"]["tokens"] == tree["tokens"].sum() == sum(ins.figs["tree"].data[0].values)
     assert s["tree"]["nodes"] == tree.height
@@ -130,9 +140,18 @@ def test_budget_slider_replays_like_a_real_store(tiny):
     curve = ins.figs["budget"].data[0]
     assert min(curve.y) == 0.0 and max(curve.y) == pytest.approx(s["simulated"]["token_hit_rate"])
 
-    # the block replay through kv.simulate: below one 16-token block nothing hits
+    # the block replay runs a PagedStore, which refuses a request whose blocks exceed the whole
+    # budget (as a live one does): half an entry keeps nothing, one entry keeps blocks, exactly
+    # as a real PagedStore at that budget; below one 16-token block nothing hits
     ins.mode.value = "blocks"
-    assert ins.state()["simulated"]["token_hit_rate"] > 0  # half an entry holds a few blocks
+    assert ins.state()["simulated"]["token_hit_rate"] == 0.0
+    with pytest.raises(kv.BudgetError):
+        run(kv.Engine(tiny, kv.PagedStore(16, budget_bytes=min(entry_bytes) // 2)))
+    ins.budget.value = one / 2**20
+    paged_one = ins.state()["simulated"]
+    assert paged_one["token_hit_rate"] > 0
+    assert paged_one["reused_tokens"] == [r.reused_tokens
+                                          for r in run(kv.Engine(tiny, kv.PagedStore(16, budget_bytes=one)))]
     ins.budget.value = (16 * ins.bytes_per_token() - 1) / 2**20
     assert ins.state()["simulated"]["token_hit_rate"] == 0.0
     ins.budget.value = 1024.0

@@ -13,7 +13,9 @@ pytest.importorskip("plotly")
 
 from kvlab import viz  # noqa: E402
 from kvlab.viz import VizError  # noqa: E402
-from kvlab.viz.figures import block_states, tokens_from_ids  # noqa: E402
+from kvlab.tokens import from_ids  # noqa: E402
+from kvlab.viz.blocks import block_states, request_rows  # noqa: E402
+from kvlab.viz.common import COLORS, ROLES  # noqa: E402
 
 
 class FakeTokenizer:
@@ -31,6 +33,9 @@ class FakeTokenizer:
 
     def convert_tokens_to_ids(self, token):
         return self.ids.get(token)
+
+    def __len__(self):  # the vocabulary size that ids are checked against
+        return len(self.vocab)
 
 
 TEXT_A = ["<|im_start|>", "system", "\n", "cch", "=", "eb6c6", ";", " Be", " brief", "<|im_end|>",
@@ -169,8 +174,8 @@ def test_memory_over_time_by_entry_and_empty():
 
 # ---------------------------------------------------------------------------------- divergence
 
-def test_tokens_from_ids_finds_chatml_messages():
-    t = tokens_from_ids(A, TOK)
+def test_from_ids_finds_chatml_messages():
+    t = from_ids(A, TOK, chatml_spans=True)
     assert [(s.role, s.token_start, s.token_end) for s in t.spans] == [("system", 0, 11), ("user", 11, 16)]
     assert t.piece(5) == "eb6c6" and t.text.startswith("<|im_start|>system\ncch=eb6c6;")
 
@@ -180,7 +185,7 @@ def test_divergence_marks_the_exact_differing_token_and_the_volatile_field():
     assert fig.layout.meta["token_index"] == 5 and fig.layout.meta["common"] == 5
     first = next(t for t in fig.data if t.name == "first difference")
     assert list(first.x) == [5, 5]
-    box = [s for s in fig.layout.shapes if s.line.color == viz.figures.COLORS["diverge"]]
+    box = [s for s in fig.layout.shapes if s.line.color == COLORS["diverge"]]
     assert [(s.x0, s.x1) for s in box] == [(4.5, 5.5)]
     # cch's value is volatile in both prompts, boxed in orange on each row
     assert [tuple(v) for v in fig.layout.meta["volatile"]] == [(5, 6, "cch", 0), (5, 6, "cch", 1)]
@@ -188,7 +193,7 @@ def test_divergence_marks_the_exact_differing_token_and_the_volatile_field():
     lines = [(s.x0, s.y0, s.y1) for s in fig.layout.shapes if s.type == "line"]
     assert lines == [(10.5, -0.5, 0.5), (10.5, 0.5, 1.5)]
     heat = fig.data[0]
-    roles = viz.figures.ROLES
+    roles = ROLES
     assert heat.z[0][0] == roles.index("system") and heat.z[1][12] == roles.index("user")
     assert "eb6c6" in heat.text[0][5] and "a1b2c" in heat.text[1][5]
     assert "message 0 (system)" in fig.layout.title.text
@@ -209,7 +214,7 @@ def test_divergence_of_identical_prefix_and_raw_ids():
 
 
 def test_divergence_accepts_tokens_and_explicit_fields():
-    ta, tb = tokens_from_ids(A, TOK), tokens_from_ids(B, TOK)
+    ta, tb = from_ids(A, TOK, chatml_spans=True), from_ids(B, TOK, chatml_spans=True)
     fig = viz.divergence(ta, tb, volatile=[(3, 7, "header")])
     assert fig.layout.meta["token_index"] == 5
     assert [tuple(v) for v in fig.layout.meta["volatile"]] == [(3, 7, "header", 0)]
@@ -230,7 +235,7 @@ def test_block_grid_hit_miss_evicted():
     assert fig.layout.meta["counts"] == {"hit": 4, "miss": 5, "evicted": 1}
     # without ids nothing can be called evicted
     no_ids = frame.drop("prompt_ids")
-    assert block_states(viz.figures._requests(no_ids), 4)[2] == [0, 1, 1]
+    assert block_states(request_rows(no_ids), 4)[2] == [0, 1, 1]
     with pytest.raises(VizError, match="block_size"):
         viz.block_grid(frame, block_size=0)
 
@@ -269,23 +274,4 @@ def test_hit_ratio_curves_with_a_real_sweep():
     assert fig.data[0].y[-1] == pytest.approx((32 + 32) / 136)
 
 
-# ------------------------------------------------------------------- the Inspector's budget replay
-
-def test_entry_replay_follows_radix_store_semantics():
-    pytest.importorskip("ipywidgets")
-    from kvlab.viz.widgets import EntryReplay
-
-    p1 = tuple(range(1, 11))
-    p2 = p1[:8] + (20, 21)
-    replay = EntryReplay([p1, p2, p1])
-    # everything fits: #2 shares 8 tokens, #3 is an exact repeat (reuse stops at n - 1)
-    assert replay.run(budget_bytes=1e9, bytes_per_token=1) == [0, 8, 9]
-    # room for one 10-token entry: #2's entry pushes #1's out, so #3 only shares #2's 8
-    assert replay.run(budget_bytes=10, bytes_per_token=1) == [0, 8, 8]
-    # no entry fits: nothing is reused
-    assert replay.run(budget_bytes=9, bytes_per_token=1) == [0, 0, 0]
-    # a longer entry subsumes (drops) its own prefix, which leaves room for the unrelated one
-    other, short, longer = (9, 9, 9), (1, 2, 3), (1, 2, 3, 4, 5)
-    seq = [other, short, longer, other]
-    assert EntryReplay(seq).run(8, 1) == [0, 0, 3, 2]
-    assert EntryReplay(seq, subsume=False).run(8, 1) == [0, 0, 3, 0]
+# the Inspector's budget replay (kvlab.replay) is tested in test_replay.py

@@ -1,0 +1,56 @@
+"""The Inspector's panels: keeping a FigureWidget in step with a Figure, and the requests table.
+
+Example:
+    >>> fw = go.FigureWidget(); sync(fw, kv.viz.prefix_tree(engine.store))
+    >>> table_html(table_rows(engine.results))
+"""
+
+from __future__ import annotations
+
+import html
+
+import plotly.graph_objects as go
+
+TABLE_COLUMNS = ("#", "match", "reused / prompt", "reuse", "TTFT ms", "prefill ms", "evictions", "why")
+
+
+def sync(fw: go.FigureWidget, fig: go.Figure, width: int | None = None) -> None:
+    """Make ``fw`` show ``fig``: restyle traces in place when the structure is unchanged, and
+    relayout with only the layout's own keys (assigning ``fw.layout`` would resend the template
+    and leave the old annotations/shapes in the browser)."""
+    new = fig.layout.to_plotly_json()
+    new.pop("template", None)
+    if width:
+        new["width"] = width
+    old = fw.layout.to_plotly_json()
+    with fw.batch_update():
+        same = len(fw.data) == len(fig.data) and all(a.type == b.type for a, b in zip(fw.data, fig.data))
+        if same:
+            for a, b in zip(fw.data, fig.data):
+                props = b.to_plotly_json()
+                props.pop("type", None)
+                a.update(props, overwrite=True)
+        else:
+            fw.data = ()
+            fw.add_traces(list(fig.data))
+        for key in old.keys() - new.keys() - {"template"}:
+            fw.layout[key] = None
+        fw.layout.update(new, overwrite=True)
+
+
+def table_rows(results) -> list[list]:
+    """One row per engine Result, in TABLE_COLUMNS order."""
+    return [[r.request_id, r.match, f"{r.reused_tokens} / {r.prompt_tokens}", f"{r.reuse_ratio:.0%}",
+             round(r.ttft_s * 1e3, 1), round(r.prefill_s * 1e3, 1), r.evictions, r.why or ""]
+            for r in results]
+
+
+def table_html(rows: list[list]) -> str:
+    """The requests as an HTML table (a plotly Table drawn in a hidden tab loses its text)."""
+    cell = "padding:2px 8px;border-bottom:1px solid #e5e5e5;text-align:left"
+    head = "".join(f"<th style='{cell};background:#f2f2f2'>{html.escape(c)}</th>" for c in TABLE_COLUMNS)
+    body = "".join("<tr>" + "".join(f"<td style='{cell}'>{html.escape(str(v))}</td>" for v in row)
+                   + "</tr>" for row in rows)
+    return (f"<div style='max-height:360px;overflow:auto'><b>{len(rows)} requests</b>"
+            f"<table class='kv-requests' style='border-collapse:collapse;font-size:12px'>"
+            f"<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>")
