@@ -88,6 +88,7 @@ class KvlabHandler(APIHandler):
                 problem = _check_messages(body.get("messages"))
                 if problem:
                     return self._json(400, _error(problem))
+            if isinstance(body, dict):
                 self._rewrite(body)
             self._forward(body, route)
         finally:
