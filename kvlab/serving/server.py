@@ -47,6 +47,7 @@ ENV_KEY = "KVLAB_API_KEY"
 
 class _HTTPServer(ThreadingHTTPServer):
     daemon_threads = False  # handler threads are joined by server_close: a clean stop
+    request_queue_size = 128  # listen backlog: bursts of clients connect at once
     block_on_close = True
 
     def handle_error(self, request, client_address):
