@@ -45,6 +45,11 @@ def test_recording_replays_to_the_measured_hit_ratio(start, tmp_path, system_pro
     assert [r["output_ids"] for r in recs] == [list(r.output_ids) for r in results]
     assert all(r["status"] == "ok" and r["store"] == store and r["ttft_s"] <= r["e2e_s"] for r in recs)
 
+    for rec in recs:  # kvlab's chained block hashes of the prompt (full blocks, then the partial one)
+        full = [int.from_bytes(h[:8], "little") & (2**63 - 1) for h in kv.block_hashes(rec["prompt_ids"], 16)]
+        assert rec["kvlab_hash_ids"][:len(full)] == full
+        assert len(rec["kvlab_hash_ids"]) == -(-rec["input_length"] // 16)
+
     mooncake = kv.traces.read(path)  # the Mooncake fields; kvlab's extra fields are ignored
     assert mooncake.block_size == 512 and len(mooncake) == len(USERS)
     assert mooncake.frame["hash_ids"].list.len().to_list() == [-(-r["input_length"] // 512) for r in recs]
