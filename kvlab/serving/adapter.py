@@ -9,7 +9,8 @@ only when ``--prompt-cache-bytes`` is set, and ``nbytes`` / ``len`` / ``stats_by
 HTTP threads read stats concurrently, so every store call runs under one lock.
 
 Keys are ``kv.cache_key`` of ``kv.tokens.from_ids(ids, tokenizer, chatml_spans=True)`` (message
-spans recovered from ChatML markers, so the system-prompt store finds its boundary). A lookup may
+spans recovered from ChatML markers, so the system-prompt store finds its boundary; stores that key
+on ids alone get ``from_ids(ids)``, which skips the per-token decode). A lookup may
 reuse at most n - 1 tokens (mlx-lm needs one token to prefill). What is handed to mlx-lm is
 ``kv.restore`` of the (trimmed) snapshot: fresh cache objects over copy-on-write views, never the
 store's own arrays (DESIGN pitfall 3).
@@ -112,6 +113,9 @@ class StoreAdapter(Attribution):
         self.budget_bytes = budget_bytes if budget_bytes is not None else getattr(store, "budget_bytes", None)
         self.name = "none" if store is None else store.name
         self._entries: dict[str, tuple[str, int]] = {}  # store entry -> (segment, bytes)
+        # Message spans cost a decode per token (~50 ms for 1,500 tokens, on mlx-lm's generation
+        # thread); only the system-prompt store reads them, the others key on ids alone.
+        self._spans = getattr(store, "name", "") == "system_prompt"
         self.peak_bytes = 0
 
     # -- mlx-lm's interface -----------------------------------------------------------------------
@@ -177,7 +181,7 @@ class StoreAdapter(Attribution):
     def _fetch(self, ids):
         if self.store is None or len(ids) < 2:
             return None, 0, {"kind": "miss", "why": "no store" if self.store is None else "one token"}
-        toks = from_ids(ids, self.model.tokenizer, chatml_spans=True)
+        toks = self._tokens(ids)
         match = self.store.lookup(cache_key(toks), toks, limit=len(ids) - 1)
         info = {"kind": match.kind, "why": match.why, "entry": match.entry_id,
                 "entry_tokens": match.entry_tokens}
@@ -199,8 +203,11 @@ class StoreAdapter(Attribution):
         if snap.offset > n:  # mlx-lm's cache ran one token ahead of the ids it reports
             snap = trim(snap, snap.offset - n)
         snap = replace(snap, token_ids=tuple(ids[:n]))
-        toks = from_ids(ids[:n], self.model.tokenizer, chatml_spans=True)
+        toks = self._tokens(ids[:n])
         self.store.insert(cache_key(toks), toks, snap, kind=KIND.get(cache_type, "prompt"))
+
+    def _tokens(self, ids):
+        return from_ids(ids, self.model.tokenizer, chatml_spans=True) if self._spans else from_ids(ids)
 
     def _drain(self, rid, segment) -> None:
         for ev in self.store.drain_events() if self.store is not None else []:

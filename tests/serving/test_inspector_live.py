@@ -5,6 +5,7 @@ import threading
 import time
 
 import httpx
+import polars as pl
 import pytest
 
 import kvlab as kv
@@ -35,5 +36,11 @@ def test_inspector_follows_a_live_server(start, store, system_prompt):
     assert state["error"] is None
     assert state["requests"] == state["table_rows"] == 6
     assert state["live"]["requests"] == 6 and state["live"]["token_hit_rate"] > 0
-    assert state["memory"]["bytes"] == server.store.nbytes
+    # mlx-lm caches a request's prompt + output just after its response is sent: once all six
+    # are stored, a redraw shows exactly the store's bytes
+    while time.time() < deadline and server.events.filter(
+            (pl.col("event") == "offer") & (pl.col("segment") == "assistant")).height < 6:
+        time.sleep(0.05)
+    ins.refresh()
+    assert ins.state()["memory"]["bytes"] == server.store.nbytes
     assert state["simulated"] is not None and state["simulated"]["token_hit_rate"] > 0
