@@ -37,8 +37,10 @@ _LAZY = {
     "CacheKey": "keys", "cache_key": "keys", "Request": "request", "Workload": "request",
     "simulate": "simulator", "sweep": "simulator",
     "Inspector": "viz.widgets",
+    "serve": "serving.server",
 }
-_SUBMODULES = {"workloads", "traces", "viz", "bench", "runner", "grid", "stores", "magics", "keys", "tokens"}
+_SUBMODULES = {"workloads", "traces", "viz", "bench", "runner", "grid", "stores", "magics", "keys", "tokens",
+               "serving"}
 
 _ERRORS = {"BlockSizeError", "BoundaryError", "BudgetError", "ImageError", "KvlabError",
            "ModelNotFoundError", "NotTrimmableError", "RequestError", "SnapshotError",

@@ -157,9 +157,11 @@ def locate(name: str = DEFAULT_TRACE) -> Path:
                      "Set KVLAB_TRACES to the folder that holds it, or pass the file's path")
 
 
-def read(path=None, *, block_size: int = MOONCAKE_BLOCK_SIZE) -> Trace:
+def read(path=None, *, block_size: int = MOONCAKE_BLOCK_SIZE, hash_field: str = "hash_ids") -> Trace:
     """Read a Mooncake-format JSONL trace (lazily, with polars). ``path=None`` reads the public
     synthetic trace found by :func:`locate`. Malformed lines raise TraceError naming line and field.
+    Fields beyond Mooncake's four are ignored; ``hash_field`` reads the block ids from another
+    field (a ``kvlab serve`` recording's ``kvlab_hash_ids``, at its ``kvlab_block_size``).
 
     Example:
         >>> t = kv.traces.read()
@@ -167,6 +169,8 @@ def read(path=None, *, block_size: int = MOONCAKE_BLOCK_SIZE) -> Trace:
         Trace(3993 requests, ...)
     """
     block_size = _check_block_size(block_size)
+    if hash_field != "hash_ids":
+        return _read_field(path, block_size, hash_field)
     path = locate() if path is None else Path(path)
     if not path.is_file():
         raise TraceError(f"trace file {str(path)!r} does not exist; pass the path of a Mooncake "
@@ -183,6 +187,21 @@ def read(path=None, *, block_size: int = MOONCAKE_BLOCK_SIZE) -> Trace:
         _diagnose(path)
         raise TraceError(f"{path}: row {int(bad['row'][0])} is malformed; every line needs "
                          f"{', '.join(FIELDS)}")
+    return Trace(frame, block_size, str(path))
+
+
+def _read_field(path, block_size: int, hash_field: str) -> Trace:
+    path = Path(path) if path is not None else locate()
+    schema = {**{k: v for k, v in SCHEMA.items() if k != "hash_ids"}, hash_field: SCHEMA["hash_ids"]}
+    try:
+        frame = (pl.scan_ndjson(path, schema=schema).select(*FIELDS[:3], hash_field)
+                 .rename({hash_field: "hash_ids"}).collect())
+    except Exception as e:  # noqa: BLE001  polars names neither line nor field
+        raise TraceError(f"{path}: cannot read as JSONL with a {hash_field!r} field "
+                         f"({type(e).__name__}: {e})") from e
+    if frame["hash_ids"].null_count():
+        row = int(frame.with_row_index("row").filter(pl.col("hash_ids").is_null())["row"][0])
+        raise TraceError(f"{path}: line {row + 1} has no {hash_field!r} field")
     return Trace(frame, block_size, str(path))
 
 

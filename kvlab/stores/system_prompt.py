@@ -111,8 +111,7 @@ class SystemPromptStore(StoreBase):
     def _cut(tokens: Tokens) -> tuple[int, str]:
         """(token index of the clean system boundary, "") or (0, why there is none)."""
         if not tokens.messages:
-            return 0, ("SystemPromptStore needs a chat conversation (messages); this request is raw "
-                       "token ids or text")
+            return _span_cut(tokens)
         try:
             split = split_at_boundary(tokens, at="system")
         except BoundaryError as e:
@@ -129,6 +128,21 @@ class SystemPromptStore(StoreBase):
 
     def _repr_html_(self) -> str:
         return f"<div><b>SystemPromptStore</b> {html.escape(repr(self)[len('SystemPromptStore'):])}</div>"
+
+
+def _span_cut(tokens: Tokens) -> tuple[int, str]:
+    """The boundary of ids whose message spans came from ChatML markers (``kv.tokens.from_ids(...,
+    chatml_spans=True)``: a server sees ids, not messages): where the first message after the
+    leading system ones starts. It starts with the special token ``<|im_start|>``, which never
+    merges with its neighbours, so the cut is clean."""
+    spans = tokens.spans
+    k = 0
+    while k < len(spans) and spans[k].role == "system":
+        k += 1
+    if k == 0:
+        return 0, ("SystemPromptStore needs a chat conversation (messages, or ids with ChatML "
+                   "message markers) that starts with a system message")
+    return (spans[k].token_start if k < len(spans) else spans[k - 1].token_end), ""
 
 
 def _materialise(snap: Snapshot) -> Snapshot:

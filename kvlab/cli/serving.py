@@ -1,0 +1,57 @@
+"""`kvlab serve`: mlx-lm's own server with a kvlab store behind its prompt cache (foreground;
+Ctrl-C or SIGTERM stops it after every finished request is recorded)."""
+
+from __future__ import annotations
+
+import signal
+import sys
+
+
+def register(sub) -> None:
+    from ..stores import STORE_NAMES
+
+    s = sub.add_parser("serve", help="serve a model over HTTP (OpenAI + Anthropic routes) with a kvlab store")
+    s.add_argument("--model", default="smollm2", help="smollm2 (default), tiny, or an mlx-lm folder")
+    s.add_argument("--store", default="radix", choices=list(STORE_NAMES),
+                   help="prompt cache: a kvlab store, mlx-lru (mlx-lm's own, observed) or none")
+    s.add_argument("--budget", default=None, help="store budget, e.g. 1GiB (mlx-lru: mlx-lm's "
+                   "--prompt-cache-bytes)")
+    s.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback only)")
+    s.add_argument("--port", type=int, default=8080, help="port (0: a free one)")
+    s.add_argument("--record", default=None, metavar="PATH", help="append one JSON line per finished request")
+    s.add_argument("--record-text", action="store_true", help="also record token ids and message text")
+    s.add_argument("--normalise", action="store_true",
+                   help="apply kvlab's normalisation rules (the billing header) to messages")
+    s.add_argument("--api-key", default=None, help="required key on every route (default $KVLAB_API_KEY)")
+    s.add_argument("--block-size", type=int, default=16, help="paged store block size / recorded hash blocks")
+    s.add_argument("--max-tokens", type=int, default=512, help="default tokens to generate per request")
+    s.set_defaults(func=serve)
+
+
+def serve(args) -> int:
+    from ..serving.server import Server
+
+    server = Server(args.model, args.store, budget=args.budget, host=args.host, port=args.port,
+                    record=args.record, record_text=args.record_text, normalise=args.normalise,
+                    api_key=args.api_key, block_size=args.block_size, max_tokens=args.max_tokens)
+    server.start()
+
+    def stop(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    budget = server.budget_bytes if server.budget_bytes is not None else "unbounded"
+    print(f"kvlab serve: {server.url} · model {server.model.name} · store {server.store_name} · "
+          f"budget {budget} B{' · normalise' if server.normalise else ''}"
+          f"{' · recording ' + str(args.record) if args.record else ''} · Ctrl-C to stop", flush=True)
+    try:
+        server.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        server.stop()
+    s = server.stats()
+    print(f"kvlab serve: stopped after {s['requests']} requests, token hit {s['token_hit_rate']:.1%}, "
+          f"request hit {s['request_hit_rate']:.1%}", file=sys.stderr, flush=True)
+    return 0

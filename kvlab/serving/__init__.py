@@ -1,0 +1,24 @@
+"""Serving: mlx-lm's own server (continuous batching, OpenAI routes) with a kvlab store behind its
+prompt cache, an Anthropic Messages route, live events and stats, and request recording.
+
+Example:
+    >>> with kv.serve("tiny", "radix") as server:
+    ...     server.url, server.stats()["token_hit_rate"]
+"""
+
+from __future__ import annotations
+
+import importlib
+
+__all__ = ["serve", "Server", "StoreAdapter", "ObservedLRU", "ServerEvents", "Recorder",
+           "hash_ids", "read_records", "workload"]
+
+_LAZY = {"serve": "server", "Server": "server", "StoreAdapter": "adapter", "ObservedLRU": "lru",
+         "ServerEvents": "events", "Recorder": "record", "hash_ids": "record",
+         "read_records": "record", "workload": "record"}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module 'kvlab.serving' has no attribute {name!r}")

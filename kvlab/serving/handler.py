@@ -1,0 +1,248 @@
+"""KvlabHandler: mlx-lm's ``APIHandler`` extended by subclassing, never copied.
+
+mlx-lm's routes (``/v1/chat/completions``, ``/chat/completions``, ``/v1/completions``,
+``/v1/models``, ``/health``) run its own code. Added: an API key checked before every route
+(``Authorization: Bearer KEY`` or ``x-api-key: KEY``; 401 with a JSON error otherwise),
+``GET /kvlab/stats``, ``GET /kvlab/events?since=N``, ``POST /v1/messages`` (Anthropic, see
+kvlab.serving.anthropic), JSON 404s for unknown routes, a 400 for an empty or malformed message
+list, kvlab's normalisation of messages (``--normalise``) and a 400 instead of mlx-lm's 404 when a
+request is refused for what it asks (a prompt over the context). A request body is read once
+here, checked, possibly rewritten, and handed to mlx-lm's ``do_POST`` as if it came off the wire.
+
+Example:
+    >>> handler_class = bind_handler(server)     # a subclass whose ``kv`` is the running server
+"""
+
+from __future__ import annotations
+
+import hmac
+import io
+import json
+import logging
+from http.server import BaseHTTPRequestHandler
+from urllib.parse import parse_qs, urlsplit
+
+from mlx_lm.server import APIHandler
+
+from ..errors import RequestError
+from . import anthropic
+
+log = logging.getLogger("kvlab.serving")
+CHAT_ROUTES = ("/v1/chat/completions", "/chat/completions")
+POST_ROUTES = (*CHAT_ROUTES, "/v1/completions", "/v1/messages")
+GET_ROUTES = ("/v1/models", "/health", "/kvlab/stats", "/kvlab/events")
+
+
+class KvlabHandler(APIHandler):
+    """mlx-lm's handler with kvlab's routes and checks (module docstring). ``kv`` is the Server."""
+
+    kv = None
+    timeout = 120  # seconds a silent client may hold a connection (socket reads and writes)
+
+    def setup(self):
+        super().setup()
+        with self.kv._conn_lock:
+            self.kv.connections.add(self.connection)  # so stop() can close idle keep-alives
+
+    def finish(self):
+        try:
+            super().finish()
+        finally:
+            with self.kv._conn_lock:
+                self.kv.connections.discard(self.connection)
+
+    # -- routes -----------------------------------------------------------------------------------
+    def do_GET(self):
+        route = urlsplit(self.path).path
+        if not self._authorised(route):
+            return
+        if route == "/kvlab/stats":
+            return self._json(200, self.kv.stats())
+        if route == "/kvlab/events":
+            query = parse_qs(urlsplit(self.path).query)
+            try:
+                since = int(query.get("since", ["0"])[0])
+            except ValueError:
+                return self._json(400, _error("since must be an integer event number"))
+            events = self.kv.events_log.since(since)
+            return self._json(200, {"events": events, "next": self.kv.events_log.next_seq})
+        if route in GET_ROUTES:
+            return super().do_GET()
+        return self._json(404, _error(f"unknown route GET {route}; GET routes: {', '.join(GET_ROUTES)}",
+                                      "not_found_error"))
+
+    def do_POST(self):
+        route = urlsplit(self.path).path
+        if not self._authorised(route):
+            return
+        if route not in POST_ROUTES:
+            return self._json(404, _error(f"unknown route POST {route}; POST routes: "
+                                          f"{', '.join(POST_ROUTES)}", "not_found_error"))
+        self.kv_rid = self.kv_request = None
+        self.kv_anthropic = None
+        body = self._read_body()
+        try:
+            if route == "/v1/messages":
+                return self._messages(body)
+            if route in CHAT_ROUTES and isinstance(body, dict):
+                problem = _check_messages(body.get("messages"))
+                if problem:
+                    return self._json(400, _error(problem))
+            if isinstance(body, dict):
+                self._rewrite(body)
+            self._forward(body, route)
+        finally:
+            if self.kv_rid is not None:
+                self.kv.ledger.done(self.kv_rid, "disconnected")  # no-op if it finished
+
+    # -- mlx-lm's request factories: open the request in the ledger -------------------------------
+    def handle_chat_completions(self):
+        request = super().handle_chat_completions()
+        return self._open(request, "messages" if self.kv_anthropic else "chat", request.messages)
+
+    def handle_text_completions(self):
+        request = super().handle_text_completions()
+        return self._open(request, "completions", self.body.get("prompt"))
+
+    def _open(self, request, api, messages):
+        stream = self.kv_anthropic.stream if self.kv_anthropic is not None else self.stream
+        rid = self.kv.ledger.open(api=api, stream=bool(stream), normalised=self.kv.normalise,
+                                  messages=messages if self.kv.record_text else None)
+        request.kvlab_rid, self.kv_rid, self.kv_request = rid, rid, request
+        return request
+
+    # -- headers: kvlab's status for kvlab's refusals, deferred headers for /v1/messages -----------
+    def _set_completion_headers(self, status_code: int = 200):
+        err = getattr(self.kv_request, "kvlab_error", None) if getattr(self, "kv_request", None) else None
+        if status_code == 404 and isinstance(err, RequestError):
+            status_code = 400
+        if getattr(self, "kv_anthropic", None) is not None:
+            self.kv_status = status_code
+            return
+        super()._set_completion_headers(status_code)
+
+    def _set_stream_headers(self, status_code: int = 200):
+        if getattr(self, "kv_anthropic", None) is not None:
+            self.kv_status = status_code
+            return
+        super()._set_stream_headers(status_code)
+
+    def end_headers(self):
+        if getattr(self, "kv_anthropic", None) is not None and not getattr(self, "kv_sending", False):
+            return  # the MessagesWriter sends Anthropic's headers itself
+        super().end_headers()
+
+    def kv_send_headers(self, code: int, headers) -> None:
+        self.kv_sending, wfile, self.wfile = True, self.wfile, self.kv_real_wfile
+        try:
+            self.send_response(code)
+            for k, v in headers:
+                self.send_header(k, v)
+            self.end_headers()
+        finally:
+            self.kv_sending, self.wfile = False, wfile
+
+    def kv_usage(self) -> tuple[int, int]:
+        req = self.kv_request
+        return getattr(req, "kvlab_prompt_tokens", 0), max(0, getattr(req, "kvlab_cached", 0))
+
+    # -- internals --------------------------------------------------------------------------------
+    def _authorised(self, route: str) -> bool:
+        key = self.kv.api_key
+        if not key:
+            return True
+        given = self.headers.get("x-api-key") or ""
+        auth = self.headers.get("Authorization") or ""
+        if auth.lower().startswith("bearer "):
+            given = given or auth[7:].strip()
+        if given and hmac.compare_digest(given.encode(), key.encode()):
+            return True
+        msg = "missing or wrong API key: send 'Authorization: Bearer KEY' or 'x-api-key: KEY'"
+        body = anthropic.error_body(msg, "authentication_error") if route == "/v1/messages" else \
+            _error(msg, "authentication_error")
+        self._json(401, body)
+        return False
+
+    def _read_body(self):
+        """The JSON body, read once (None if absent or not JSON: mlx-lm reports those itself)."""
+        length = self.headers.get("Content-Length")
+        try:
+            n = int(length) if length is not None else None
+        except ValueError:
+            n = None
+        self.kv_raw = self.rfile.read(n) if n is not None and n > 0 else b""
+        try:
+            return json.loads(self.kv_raw.decode()) if self.kv_raw else None
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return None
+
+    def _rewrite(self, body: dict) -> None:
+        # kvlab serve serves one model under any name (agents send their own model names)
+        body["model"] = "default_model"
+        if self.kv.normalise and isinstance(body.get("messages"), list):
+            from ..normalisation import normalise
+
+            body["messages"] = normalise(body["messages"])
+
+    def _forward(self, body, route: str) -> None:
+        """Run mlx-lm's do_POST on ``body`` (or the raw bytes when they were not JSON)."""
+        data = json.dumps(body).encode() if body is not None else self.kv_raw
+        if self.headers.get("Content-Length") is not None:
+            self.headers.replace_header("Content-Length", str(len(data)))
+        rfile, path = self.rfile, self.path
+        self.rfile, self.path = io.BytesIO(data), route
+        try:
+            super().do_POST()
+        finally:
+            self.rfile, self.path = rfile, path
+
+    def _messages(self, body) -> None:
+        if body is None:
+            return self._json(400, anthropic.error_body("the request body must be JSON"))
+        try:
+            chat = anthropic.to_chat(body)
+        except anthropic.MessagesError as e:
+            return self._json(e.status, anthropic.error_body(str(e), e.kind))
+        self._rewrite(chat)
+        writer = anthropic.MessagesWriter(self, stream=bool(body.get("stream")),
+                                          model=str(body.get("model", "kvlab")))
+        self.kv_anthropic, self.kv_status, self.kv_real_wfile = writer, 200, self.wfile
+        self.wfile = writer
+        try:
+            self._forward(chat, "/v1/chat/completions")
+        finally:
+            self.wfile = self.kv_real_wfile
+            try:
+                writer.close()
+            finally:
+                self.kv_anthropic = None
+
+    def _json(self, code: int, obj) -> None:
+        data = json.dumps(obj, default=str).encode()
+        BaseHTTPRequestHandler.send_response(self, code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        BaseHTTPRequestHandler.end_headers(self)
+        self.wfile.write(data)
+        self.wfile.flush()
+
+    def log_message(self, format, *args):  # noqa: A002  (BaseHTTPRequestHandler's signature)
+        log.debug("%s - %s", self.address_string(), format % args)
+
+
+def _error(message: str, kind: str = "invalid_request_error") -> dict:
+    return {"error": {"message": message, "type": kind}}
+
+
+def _check_messages(messages) -> str:
+    if not isinstance(messages, list) or not messages:
+        return "messages must be a non-empty list of {'role': ..., 'content': ...} objects"
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            return f"messages[{i}] must be an object with a string 'role'"
+    return ""
+
+
+def bind_handler(server) -> type:
+    """A KvlabHandler subclass bound to ``server`` (mlx-lm builds one handler per request)."""
+    return type("BoundKvlabHandler", (KvlabHandler,), {"kv": server})

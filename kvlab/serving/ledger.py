@@ -1,0 +1,183 @@
+"""Ledger: what each request of a live server did, from arrival to its last token.
+
+The HTTP thread opens a request (arrival time, API, messages); mlx-lm's generation thread reports
+its prompt ids, the cached tokens mlx-lm counted, every token and the end (through the response
+queue the server observes); a client that leaves ends it from the HTTP thread. Each finished
+request becomes a ``kv.Result`` (the Engine's type, so ``kv.Inspector`` reads it), a recorded line
+(``--record``) and a call to every ``on_result`` listener, on a listener thread of its own so a
+slow notebook widget never holds up serving.
+
+Example:
+    >>> ledger = Ledger(adapter, events, model)
+    >>> ledger.results[-1].reused_tokens
+"""
+
+from __future__ import annotations
+
+import html
+import itertools
+import logging
+import queue
+import threading
+import time
+
+from ..engine import Result
+
+log = logging.getLogger("kvlab.serving")
+RECORDED = ("ok", "disconnected")  # statuses written to the recording: the request ran
+
+
+class Ledger:
+    """Per-request bookkeeping shared by the server's threads (see module docstring)."""
+
+    def __init__(self, adapter, events, model, *, recorder=None, meta: dict | None = None):
+        self.adapter = adapter
+        self.events = events
+        self.model = model
+        self.recorder = recorder
+        self.meta = dict(meta or {})
+        self.results: list[Result] = []
+        self.failed = 0
+        self._open: dict[int, dict] = {}
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+        self._listeners: list = []
+        self._notify: queue.Queue = queue.Queue()
+        self._notifier = threading.Thread(target=self._run_listeners, name="kvlab-listeners", daemon=True)
+        self._notifier.start()
+
+    # -- the HTTP thread --------------------------------------------------------------------------
+    def open(self, *, api: str, stream: bool, messages=None, normalised: bool = False) -> int:
+        rid = next(self._ids)
+        with self._lock:
+            self._open[rid] = {"arrival": time.time(), "t0": time.perf_counter(), "api": api,
+                               "stream": bool(stream), "messages": messages, "normalised": normalised,
+                               "prompt": None, "reused": 0, "first": None, "tokens": [],
+                               "finish_reason": None}
+        self.events.add("arrive", request=rid, detail=api)
+        return rid
+
+    # -- the generation thread --------------------------------------------------------------------
+    def tokenized(self, rid, prompt) -> None:
+        with self._lock:
+            if rid in self._open:
+                self._open[rid]["prompt"] = tuple(prompt)
+
+    def admitted(self, rid, ctx) -> None:
+        with self._lock:
+            if rid in self._open:
+                self._open[rid]["reused"] = max(0, int(ctx.prompt_cache_count))
+                self._open[rid]["prompt"] = tuple(ctx.prompt)
+
+    def token(self, rid, response) -> None:
+        first = False
+        with self._lock:
+            r = self._open.get(rid)
+            if r is None:
+                return
+            if r["first"] is None:
+                r["first"], first = time.perf_counter(), True
+            r["tokens"].append(int(response.token))
+            if response.finish_reason is not None:
+                r["finish_reason"] = response.finish_reason
+        if first:
+            self.events.add("first_token", request=rid)
+
+    # -- either thread ----------------------------------------------------------------------------
+    def done(self, rid, status: str = "ok", error: str | None = None) -> Result | None:
+        """End request ``rid`` (idempotent: the first call wins). Returns its Result, if it ran."""
+        with self._lock:
+            r = self._open.pop(rid, None)
+        if r is None:
+            return None
+        end = time.perf_counter()
+        self.adapter.end(rid)
+        info = self.adapter.request_info(rid)
+        self.events.add("finish", request=rid, tokens=len(r["tokens"]), detail=status if error is None
+                        else f"{status}: {error}")
+        if r["prompt"] is None or status not in RECORDED:
+            with self._lock:
+                self.failed += 1
+            return None
+        result = self._result(rid, r, info, end)
+        rec = self._record(rid, r, info, result, status, end)
+        with self._lock:
+            self.results.append(result)
+        if self.recorder is not None:
+            try:
+                self.recorder.write(rec)
+            except Exception as e:  # noqa: BLE001  a full disk must not stop serving; say so loudly
+                log.error("kvlab serve: could not record request %s: %s", rid, e)
+                self.events.add("error", request=rid, detail=f"record: {e}")
+        if self._listeners:
+            self._notify.put(result)
+        return result
+
+    def _result(self, rid, r, info, end) -> Result:
+        prompt, out, reused = r["prompt"], tuple(r["tokens"]), r["reused"]
+        ttft = (r["first"] - r["t0"]) if r["first"] is not None else end - r["t0"]
+        lookup, restore = info.get("lookup_s", 0.0), info.get("restore_s", 0.0)
+        text = self.model.tokenizer.decode(list(out)) if out else ""
+        return Result(rid, len(prompt), reused, len(prompt) - reused,
+                      info.get("kind", "miss") if reused else "miss", ttft, lookup, restore,
+                      max(0.0, ttft - lookup - restore), max(0.0, end - r["t0"] - ttft), out, text,
+                      self.adapter.nbytes, info.get("evictions", 0), None, info.get("why", ""), None,
+                      info.get("entry_tokens", 0) or 0, 0, prompt)
+
+    def _record(self, rid, r, info, result: Result, status, end) -> dict:
+        return {"request": rid, "arrival": r["arrival"], "finish": r["arrival"] + (end - r["t0"]),
+                "ttft_s": result.ttft_s, "e2e_s": end - r["t0"], "reused_tokens": r["reused"],
+                "match": result.match, "status": status, "finish_reason": r["finish_reason"],
+                "api": r["api"], "stream": r["stream"], "normalise": r["normalised"], **self.meta,
+                "prompt_ids": r["prompt"], "output_ids": result.output_ids, "messages": r["messages"],
+                "text": result.text}
+
+    # -- listeners --------------------------------------------------------------------------------
+    def on_result(self, callback) -> None:
+        self._listeners.append(callback)
+
+    def _run_listeners(self) -> None:
+        while True:
+            item = self._notify.get()
+            if item is None:
+                return
+            for fn in list(self._listeners):
+                try:
+                    fn(self.owner, item)
+                except Exception as e:  # noqa: BLE001  a listener's bug must not stop the others
+                    log.warning("kvlab serve: on_result listener failed: %s", e)
+
+    owner = None  # what listeners receive as their first argument (the Server)
+
+    def close(self) -> None:
+        """Stop the listener thread after it has delivered every finished request."""
+        self._notify.put(None)
+        self._notifier.join(timeout=30)
+
+    def finished(self) -> list[Result]:
+        with self._lock:
+            return list(self.results)
+
+    @property
+    def inflight(self) -> list[int]:
+        with self._lock:
+            return sorted(self._open)
+
+    def stats(self) -> dict:
+        """Both hit-rate definitions, named, over finished requests (as ``Engine.stats``)."""
+        with self._lock:
+            results, failed = list(self.results), self.failed
+        prompt = sum(r.prompt_tokens for r in results)
+        reused = sum(r.reused_tokens for r in results)
+        n = len(results)
+        return {"requests": n, "failed": failed, "prompt_tokens": prompt, "reused_tokens": reused,
+                "token_hit_rate": reused / prompt if prompt else 0.0,
+                "request_hit_rate": sum(r.reused_tokens > 0 for r in results) / n if n else 0.0,
+                "evictions": sum(r.evictions for r in results)}
+
+    def __repr__(self) -> str:
+        s = self.stats()
+        return f"Ledger({s['requests']} finished, {len(self.inflight)} running)"
+
+    def _repr_html_(self) -> str:
+        return f"<code>{html.escape(repr(self))}</code>"

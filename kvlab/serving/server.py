@@ -1,0 +1,253 @@
+"""serve(): mlx-lm's own HTTP server and continuous batching with a kvlab store behind its prompt
+cache, in a background thread (notebooks, tests) or in the foreground (``kvlab serve``).
+
+The pieces are mlx-lm's: ``ResponseGenerator`` (its batching loop over ``BatchGenerator``),
+``APIHandler`` (its OpenAI-compatible routes) and the standard library's ``ThreadingHTTPServer``
+it runs on; kvlab adds the prompt-cache adapter (kvlab.serving.adapter, or the recording
+pass-through over mlx-lm's own ``LRUPromptCache`` for ``"mlx-lru"``), the event log, the ledger
+of requests, the recording and the extra routes (kvlab.serving.handler).
+
+Binds 127.0.0.1 unless told otherwise; ``port=0`` picks a free port. ``api_key`` (default
+``$KVLAB_API_KEY``) is checked on every route. ``budget`` is the store's ``budget_bytes`` (for
+``"mlx-lru"`` mlx-lm's own ``--prompt-cache-bytes``, which also counts the running batch).
+
+Example:
+    >>> with kv.serve("tiny", "radix") as server:
+    ...     client = openai.OpenAI(base_url=server.url + "/v1", api_key="none")
+    ...     client.chat.completions.create(model="tiny", messages=[...], max_tokens=8)
+    ...     server.events, server.stats()
+"""
+
+from __future__ import annotations
+
+import html
+import ipaddress
+import logging
+import os
+import socket
+import threading
+from http.server import ThreadingHTTPServer
+
+from mlx_lm.models.cache import LRUPromptCache
+from mlx_lm.server import get_system_fingerprint
+
+from ..errors import KvlabError
+from ..units import fmt_bytes, parse_bytes
+from .adapter import StoreAdapter
+from .events import ServerEvents
+from .generator import KvlabModelProvider, KvlabResponseGenerator, cli_args
+from .handler import bind_handler
+from .ledger import Ledger
+from .lru import ObservedLRU
+from .record import Recorder
+
+log = logging.getLogger("kvlab.serving")
+ENV_KEY = "KVLAB_API_KEY"
+
+
+class _HTTPServer(ThreadingHTTPServer):
+    daemon_threads = False  # handler threads are joined by server_close: a clean stop
+    request_queue_size = 128  # listen backlog: bursts of clients connect at once
+    block_on_close = True
+
+    def handle_error(self, request, client_address):
+        # a client that leaves mid-stream is routine for a server; keep the traceback for debugging
+        log.debug("kvlab serve: connection from %s ended with an error", client_address, exc_info=True)
+
+
+class Server:
+    """A running (or ready) ``kvlab serve``: ``url``, ``events`` (polars), ``stats()``, ``results``
+    (``kv.Result`` per finished request), ``store``, ``on_result(callback)``; ``stop()`` or use
+    it as a context manager. Made by :func:`serve`."""
+
+    keying = "prompt+output"  # mlx-lm caches prompt + output when a request finishes
+
+    def __init__(self, model="tiny", store="radix", *, budget=None, host: str = "127.0.0.1",
+                 port: int = 0, record=None, record_text: bool = False, normalise: bool = False,
+                 api_key: str | None = None, block_size: int = 16, max_size: int = 10,
+                 max_tokens: int = 512, decode_concurrency: int = 32, prompt_concurrency: int = 8):
+        from ..models import Model, load
+
+        self.model = model if isinstance(model, Model) else load(model)
+        self.host, self.port = host, int(port)
+        self.normalise, self.record_text = bool(normalise), bool(record_text)
+        self.api_key = api_key if api_key is not None else os.environ.get(ENV_KEY) or None
+        budget_bytes = None if budget is None else parse_bytes(budget)
+        self.events_log = ServerEvents()
+        self.store_name, self.adapter = self._adapter(store, budget_bytes, block_size, max_size)
+        self.budget_bytes = self.adapter.budget_bytes
+        self._mlx_budget = budget_bytes if self.store_name == "mlx-lru" else None
+        self.recorder = Recorder(record, record_text=record_text, block_size=block_size) if record else None
+        meta = {"store": self.store_name, "budget_bytes": self.budget_bytes, "model": self.model.name,
+                "fingerprint": self.model.fingerprint}
+        self.ledger = Ledger(self.adapter, self.events_log, self.model, recorder=self.recorder, meta=meta)
+        self.ledger.owner = self
+        self._limits = dict(max_tokens=max_tokens, decode_concurrency=decode_concurrency,
+                            prompt_concurrency=prompt_concurrency, prompt_cache_size=max_size)
+        self.connections: set = set()
+        self._conn_lock = threading.Lock()  # the handler registers its connections under it
+        self._httpd = self._thread = self.generator = None
+        self._stopped = threading.Event()
+
+    def _adapter(self, store, budget_bytes, block_size, max_size):
+        from ..stores import make_store
+
+        if store == "mlx-lru":
+            return "mlx-lru", ObservedLRU(LRUPromptCache(max_size), self.events_log, budget_bytes=budget_bytes)
+        if store is None or isinstance(store, str):
+            name = store or "none"
+            obj = make_store(name, budget_bytes=budget_bytes, block_size=block_size, max_size=max_size)
+            return name, StoreAdapter(obj, self.model, self.events_log)
+        if budget_bytes is not None:
+            raise KvlabError("budget= applies to a store made by name; a store object keeps its own "
+                             "budget_bytes")
+        return getattr(store, "name", type(store).__name__), StoreAdapter(store, self.model, self.events_log)
+
+    # -- running ----------------------------------------------------------------------------------
+    def start(self) -> "Server":
+        """Start serving in background threads; returns self once the port is bound."""
+        if self._httpd is not None:
+            return self
+        args = cli_args(self.model, prompt_cache_bytes=self._mlx_budget, **self._limits)
+        args.allowed_origins = []  # no CORS: a web page must not drive a local server
+        provider = KvlabModelProvider(args, self.model)
+        self.generator = KvlabResponseGenerator(provider, self.adapter, self.ledger, self.events_log)
+        try:
+            family = socket.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM,
+                                        flags=socket.AI_PASSIVE)[0][0]
+            cls = type("KvlabHTTPServer", (_HTTPServer,), {"address_family": family})
+            handler, rg, fp = bind_handler(self), self.generator, get_system_fingerprint()
+            self._httpd = cls((self.host, self.port),
+                              lambda *a, **k: handler(rg, *a, system_fingerprint=fp, **k))
+        except OSError as e:
+            self.generator.stop_and_join()
+            raise KvlabError(f"cannot listen on {self.host}:{self.port}: {e.strerror}; pick another "
+                             "--port (0 picks a free one)") from e
+        self.port = self._httpd.server_address[1]
+        if not _loopback(self.host):
+            log.warning("kvlab serve listens on %s: anyone who can reach this address can use it%s",
+                        self.host, "" if self.api_key else "; set --api-key or $KVLAB_API_KEY")
+        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.1},
+                                        name=f"kvlab-serve-{self.port}", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop accepting, end mlx-lm's generation thread, close open connections, join every
+        thread and free the port. Finished requests are already recorded. Idempotent."""
+        if self._httpd is None or self._stopped.is_set():
+            return
+        self._stopped.set()
+        self._httpd.shutdown()
+        self.generator.stop_and_join()
+        with self._conn_lock:
+            conns = list(self.connections)
+        for c in conns:
+            try:
+                c.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        self._httpd.server_close()  # joins the handler threads
+        self._thread.join()
+        self.ledger.close()
+        if self.recorder is not None:
+            self.recorder.close()
+
+    def wait(self) -> None:
+        """Block until :meth:`stop` is called (the CLI's foreground mode)."""
+        self._stopped.wait()
+
+    def __enter__(self) -> "Server":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # -- reading ----------------------------------------------------------------------------------
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    @property
+    def running(self) -> bool:
+        return self._httpd is not None and not self._stopped.is_set()
+
+    @property
+    def store(self):
+        """The kvlab store behind the adapter (for ``"mlx-lru"``: the observed LRUPromptCache)."""
+        return self.adapter.store
+
+    @property
+    def events(self):
+        """Every event so far (polars): lookup, hit/miss, offer (mlx-lm's insert with its segment
+        type), insert, evict, block_stored/removed, arrive, first_token, finish, error."""
+        return self.events_log.frame()
+
+    @property
+    def results(self) -> list:
+        return self.ledger.finished()
+
+    def on_result(self, callback) -> None:
+        """Call ``callback(server, result)`` after every finished request, on a listener thread."""
+        self.ledger.on_result(callback)
+
+    def stats(self) -> dict:
+        """Both hit rates (named), the store's bytes and entries, the adapter's counters."""
+        a = self.adapter
+        return {**self.ledger.stats(), "running": len(self.ledger.inflight), "store": self.store_name,
+                "budget_bytes": self.budget_bytes, "bytes": a.nbytes, "entries": len(a),
+                "peak_bytes": a.peak_bytes, "lookups": a.lookups, "hits": a.hits,
+                "adapter_reused_tokens": a.reused_tokens, "adapter_errors": a.errors,
+                "by_type": a.stats_by_type(), "step": self.events_log.step,
+                "events": self.events_log.next_seq, "normalise": self.normalise,
+                "model": self.model.name, "url": self.url}
+
+    def invariants(self) -> dict:
+        """The store's invariants (see StoreAdapter.invariants) plus no request left running."""
+        inv = self.adapter.invariants()
+        running = self.ledger.inflight
+        return {**inv, "running": running, "ok": inv["ok"] and not running}
+
+    def __repr__(self) -> str:
+        s = self.ledger.stats()
+        state = "running" if self.running else "stopped" if self._stopped.is_set() else "ready"
+        return (f"Server({self.url} {state}, {self.model.name}, store={self.store_name}, "
+                f"{s['requests']} requests, token hit {s['token_hit_rate']:.1%})")
+
+    def _repr_html_(self) -> str:
+        s = self.stats()
+        budget = fmt_bytes(s["budget_bytes"]) if s["budget_bytes"] else "unbounded"
+        rows = "".join(f"<tr><td>{k}</td><td>{html.escape(str(v))}</td></tr>" for k, v in (
+            ("url", self.url), ("store", self.store_name), ("budget", budget),
+            ("requests", s["requests"]), ("token hit rate", f"{s['token_hit_rate']:.1%}"),
+            ("request hit rate", f"{s['request_hit_rate']:.1%}"), ("bytes", fmt_bytes(s["bytes"])),
+            ("entries", s["entries"]), ("batch steps", s["step"])))
+        return f"<div><b>kvlab Server</b><table>{rows}</table></div>"
+
+
+def serve(model="tiny", store="radix", **kwargs) -> Server:
+    """A :class:`Server` for ``model`` (a name ``kv.load`` accepts, a folder, or a loaded model)
+    with ``store`` (``radix``, ``paged``, ``system``, ``mlx-lru``, ``none`` or a store object),
+    started; use it as a context manager so it stops (threads joined, port freed).
+
+    Keywords: ``budget`` ("1GiB" or bytes), ``host`` (127.0.0.1), ``port`` (0: free),
+    ``record`` (JSONL path), ``record_text``, ``normalise``, ``api_key``, ``block_size``
+    (paged store and recorded kvlab hash ids), ``max_size`` (mlx-lru entries), ``max_tokens``
+    (default per request), ``decode_concurrency``, ``prompt_concurrency``.
+
+    Example:
+        >>> with kv.serve("tiny", "paged", budget="64MiB") as server:
+        ...     server.url
+        'http://127.0.0.1:...'
+    """
+    return Server(model, store, **kwargs).start()
+
+
+def _loopback(host: str) -> bool:
+    if host in ("localhost",):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

@@ -1,0 +1,49 @@
+"""Shared fixtures for the serving tests: every server runs the tiny model on loopback, on a free
+port, and is stopped (threads joined, port freed) by the fixture that started it."""
+
+import pytest
+
+EOS = (151645, 151643)  # Qwen3's end tokens
+
+
+@pytest.fixture
+def start(tiny):
+    """start(store, **kw) -> a running kv.Server on loopback; all are stopped after the test."""
+    import kvlab as kv
+
+    servers = []
+
+    def _start(store="radix", **kw):
+        kw.setdefault("api_key", "")  # "" = no key, whatever $KVLAB_API_KEY says
+        server = kv.serve(tiny, store, **kw)
+        servers.append(server)
+        return server
+
+    yield _start
+    for s in servers:
+        s.stop()
+        assert not s.running
+
+
+@pytest.fixture
+def client():
+    """client(server, key=None) -> the official openai SDK pointed at the server."""
+    import openai
+
+    def _client(server, key=None):
+        return openai.OpenAI(base_url=server.url + "/v1", api_key=key or "none", timeout=120,
+                             max_retries=0)
+
+    return _client
+
+
+@pytest.fixture
+def no_eos():
+    """logit_bias that bans the end tokens, so a request generates exactly max_tokens."""
+    return {str(t): -100.0 for t in EOS}
+
+
+@pytest.fixture
+def system_prompt():
+    return ("You are a careful assistant for a research lab. Answer in one short sentence, cite "
+            "no sources, and never use lists. ") * 3

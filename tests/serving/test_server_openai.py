@@ -1,0 +1,138 @@
+"""kvlab serve through the official openai SDK: mlx-lm's routes, kvlab's events and stats, exact
+reuse counts, batching visible in the events, cached output == uncached output."""
+
+import socket
+import threading
+
+import httpx
+import polars as pl
+import pytest
+
+from kvlab.keys import CacheKey
+
+pytestmark = [pytest.mark.serving, pytest.mark.model]
+
+
+def _msgs(system, user):
+    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+
+
+def test_identical_request_reuses_all_but_one_token(start, client, system_prompt):
+    server = start("radix")
+    c = client(server)
+    msgs = _msgs(system_prompt, "What is a prefix cache?")
+    first = c.chat.completions.create(model="tiny", messages=msgs, max_tokens=6, temperature=0)
+    second = c.chat.completions.create(model="tiny", messages=msgs, max_tokens=6, temperature=0)
+    n = first.usage.prompt_tokens
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    # radix keeps prompt + output; the last prompt token is always recomputed
+    assert second.usage.prompt_tokens_details.cached_tokens == n - 1
+    ev = server.events
+    hits = ev.filter(pl.col("event") == "hit")
+    assert hits["request"].to_list() == [2] and hits["tokens"].to_list() == [n - 1]
+    assert ev.filter(pl.col("event") == "miss")["request"].to_list() == [1]
+    # mlx-lm offers the system segment, the user segment (n - 1) and prompt + output (mlx-lm
+    # 0.32 runs the last output token through the model too), in order
+    offers = ev.filter((pl.col("event") == "offer") & (pl.col("request") == 1))
+    assert offers["segment"].to_list() == ["system", "user", "assistant"]
+    assert offers["tokens"].to_list()[1:] == [n - 1, n + 6]
+    r1 = server.results[0]
+    assert server.store.contains(CacheKey(tuple(r1.prompt_ids) + tuple(r1.output_ids)))
+    s = server.stats()
+    assert (s["requests"], s["prompt_tokens"], s["reused_tokens"]) == (2, 2 * n, n - 1)
+    assert s["request_hit_rate"] == 0.5
+    assert [r.reused_tokens for r in server.results] == [0, n - 1]
+    assert server.invariants()["ok"], server.invariants()
+
+
+def test_streaming_completions_and_kvlab_routes(start, client):
+    server = start("paged", block_size=16)
+    c = client(server)
+    stream = c.chat.completions.create(model="anything", messages=[{"role": "user", "content": "Hi " * 40}],
+                                       max_tokens=5, stream=True, stream_options={"include_usage": True})
+    chunks = list(stream)
+    usage = chunks[-1].usage
+    assert usage.completion_tokens == len(server.results[0].output_ids) <= 5
+    text = c.completions.create(model="tiny", prompt="Hi " * 40, max_tokens=3)
+    assert text.usage.prompt_tokens > 16
+    with httpx.Client(base_url=server.url, timeout=30) as h:
+        stats = h.get("/kvlab/stats").json()
+        assert stats["store"] == "paged" and stats["requests"] == 2
+        assert stats["bytes"] == server.store.nbytes > 0
+        everything = h.get("/kvlab/events").json()
+        later = h.get("/kvlab/events", params={"since": 5}).json()
+        assert [e["seq"] for e in later["events"]] == [e["seq"] for e in everything["events"]][5:]
+        assert everything["next"] == len(everything["events"])
+        assert h.get("/health").json() == {"status": "ok"}
+    # block events carry the segment of the mlx-lm insert that stored them
+    stored = server.events.filter(pl.col("event") == "block_stored")
+    assert set(stored["segment"].to_list()) <= {"user", "assistant"} and stored.height > 0
+    assert (stored["tokens"] == 16).all()
+
+
+def test_two_requests_share_batch_steps(start, client, no_eos):
+    server = start("radix")
+    c = client(server)
+    out = {}
+
+    def ask(i):
+        out[i] = c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": f"Count {i}"}],
+                                           max_tokens=48, temperature=0, logit_bias=no_eos)
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert all(out[i].usage.completion_tokens == 48 for i in range(2))
+    ev = server.events
+    spans = {}
+    for rid in (1, 2):
+        mine = ev.filter(pl.col("request") == rid)
+        first = mine.filter(pl.col("event") == "first_token")["step"][0]
+        last = mine.filter(pl.col("event") == "finish")["step"][0]
+        spans[rid] = (first, last)
+    shared = set(range(spans[1][0], spans[1][1] + 1)) & set(range(spans[2][0], spans[2][1] + 1))
+    # each request gets one token per step it decodes in: steps both decoded in = one batch
+    assert len(shared) >= 2, spans
+    assert server.stats()["step"] < 2 * 48  # fewer steps than the two served one after another
+
+
+@pytest.mark.parametrize("store", ["radix", "paged", "system", "mlx-lru"])
+def test_cached_output_equals_uncached(start, client, store, system_prompt, no_eos):
+    """At temperature 0 a request served from the cache generates the tokens it generates with
+    caching off."""
+    users = ["Name one prime number.", "Name one colour of the sky."]
+    outputs = {}
+    for name in (store, "none"):
+        server = start(name)
+        c = client(server)
+        for u in users:
+            c.chat.completions.create(model="tiny", messages=_msgs(system_prompt, u), max_tokens=12,
+                                      temperature=0, logit_bias=no_eos)
+        outputs[name] = [r.output_ids for r in server.results]
+        reused = [r.reused_tokens for r in server.results]
+        if name == "none":
+            assert reused == [0, 0]
+        else:
+            assert reused[1] > 40, reused  # the shared system prompt came from the cache
+        server.stop()
+        assert server.invariants()["ok"], server.invariants()
+    assert outputs[store] == outputs["none"]
+
+
+def test_stop_joins_threads_and_frees_the_port(tiny):
+    import kvlab as kv
+
+    before = threading.active_count()
+    with kv.serve(tiny, "radix", api_key="") as server:
+        port = server.port
+        assert server.url == f"http://127.0.0.1:{port}"
+        httpx.post(server.url + "/v1/chat/completions", timeout=60,
+                   json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}).raise_for_status()
+        assert threading.active_count() > before
+    assert threading.active_count() == before
+    with socket.socket() as s:  # nothing listens there any more (closed connections may linger
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # in TIME_WAIT: that is TCP)
+        s.bind(("127.0.0.1", port))
+        s.listen()
