@@ -14,8 +14,8 @@ _blas.load_fast_blas()  # must precede the first `import mlx.core`
 import importlib
 
 from .errors import (BlockSizeError, BoundaryError, BudgetError, ImageError, KvlabError,
-                     ModelNotFoundError, NotTrimmableError, RequestError, SnapshotError,
-                     TemplateError, TokenIdError, TraceError)
+                     ModelNotFoundError, NotTrimmableError, QuantizationError, RequestError,
+                     SnapshotError, TemplateError, TokenIdError, TraceError)
 
 __version__ = "0.1.0"
 
@@ -36,6 +36,8 @@ _LAZY = {
     "MlxLmLRUStore": "stores", "make_store": "stores", "StoreEvent": "stores",
     "CacheKey": "keys", "cache_key": "keys", "Request": "request", "Workload": "request",
     "simulate": "simulator", "sweep": "simulator",
+    "quantize": "quantization", "dequantize": "quantization", "quantization_sweep": "quantization",
+    "quantized_reuse_error": "quantization", "kv_format": "quantized",
     "Inspector": "viz.widgets",
     "serve": "serving.server",
 }
@@ -43,7 +45,7 @@ _SUBMODULES = {"workloads", "traces", "viz", "bench", "runner", "grid", "stores"
                "serving"}
 
 _ERRORS = {"BlockSizeError", "BoundaryError", "BudgetError", "ImageError", "KvlabError",
-           "ModelNotFoundError", "NotTrimmableError", "RequestError", "SnapshotError",
+           "ModelNotFoundError", "NotTrimmableError", "QuantizationError", "RequestError", "SnapshotError",
            "TemplateError", "TokenIdError", "TraceError"}
 __all__ = sorted(set(_LAZY) | _SUBMODULES | _ERRORS | {"load_ipython_extension"})
 

@@ -22,6 +22,7 @@ from mlx_lm.generate import generate_step
 from . import _blas
 from .errors import KvlabError, NotTrimmableError, RequestError, SnapshotError
 from .keys import CacheKey, cache_key
+from .quantized import check_reusable, check_settings, check_start, head_dims_of
 from .request import Request
 from .snapshots import advance, make_cache, non_trimmable_layers, prefill, restore, snapshot, trim
 from .stores.base import MISS, StoreEvent
@@ -92,12 +93,27 @@ def _greedy(logprobs):
 
 
 class Engine:
-    """Runs requests through ``store`` (None: no caching, the cold baseline)."""
+    """Runs requests through ``store`` (None: no caching, the cold baseline).
+
+    ``kv_bits``/``kv_group_size``/``quantized_kv_start`` quantize the KV cache with mlx-lm's meaning
+    (its generate's options): in prefill and decode, the cache becomes a QuantizedKVCache once its
+    offset reaches ``quantized_kv_start`` (kvlab's default 0; mlx-lm's 5000), and a restored
+    quantized prefix continues quantized. The store then holds quantized snapshots; KV of another
+    format (float, other bits) found in the store raises SnapshotError instead of being reused.
+    ``verify`` compares with a cold run under the same settings: its diff is what reuse adds.
+    """
 
     def __init__(self, model, store=None, *, keying: str = "prompt", verify: bool = False,
-                 image_keys: bool = True, checkpoints: bool | None = None, max_tokens: int = 16):
+                 image_keys: bool = True, checkpoints: bool | None = None, max_tokens: int = 16,
+                 kv_bits: int | None = None, kv_group_size: int = 64, quantized_kv_start: int = 0):
         if keying not in KEYINGS:
             raise KvlabError(f"keying must be one of {KEYINGS}, got {keying!r}")
+        if kv_bits is not None:
+            check_settings(kv_bits, kv_group_size, head_dims_of(model))
+        self.kv_bits, self.kv_group_size = kv_bits, kv_group_size
+        self.quantized_kv_start = check_start(quantized_kv_start)
+        self._kv = {"kv_bits": kv_bits, "kv_group_size": kv_group_size,
+                    "quantized_kv_start": quantized_kv_start}
         _blas.warn_if_slow()
         self.model = model
         self.store = store
@@ -175,6 +191,7 @@ class Engine:
             try:
                 if snap.offset > match.tokens:
                     snap = trim(snap, snap.offset - match.tokens)
+                check_reusable(snap, **self._kv)
                 cache, reused = restore(snap), match.tokens
             except NotTrimmableError as e:
                 match, why = MISS, f"could not trim the matched entry: {e}"
@@ -246,11 +263,11 @@ class Engine:
         return *self._forward(ids[pos:], cache), checkpoints
 
     def _advance(self, ids, cache) -> None:
-        advance(self._net, ids, cache)
+        advance(self._net, ids, cache, **self._kv)
 
     def _forward(self, ids, cache):
         """(last-position logits, cache) after running ids into cache."""
-        return prefill(self._net, ids, make_cache(self.model) if cache is None else cache)
+        return prefill(self._net, ids, make_cache(self.model) if cache is None else cache, **self._kv)
 
     def _decode(self, first: int, cache, max_tokens: int) -> list[int]:
         out = [first]
@@ -258,7 +275,8 @@ class Engine:
         if max_tokens <= 1 or first in eos:
             return out[:max_tokens]
         for token, _ in generate_step(mx.array([first]), self._net,
-                                      max_tokens=max_tokens - 1, sampler=_greedy, prompt_cache=cache):
+                                      max_tokens=max_tokens - 1, sampler=_greedy, prompt_cache=cache,
+                                      **self._kv):
             out.append(int(token))
             if token in eos:
                 break
@@ -331,7 +349,8 @@ class Engine:
     def __repr__(self) -> str:
         s = self.stats()
         store = self.store.name if self.store is not None else "none"
-        return (f"Engine({self.model.name}, store={store}, keying={self.keying}: "
+        kv = "" if self.kv_bits is None else f", kv q{self.kv_bits}g{self.kv_group_size}"
+        return (f"Engine({self.model.name}, store={store}, keying={self.keying}{kv}: "
                 f"{s['requests']} requests, token hit {s['token_hit_rate']:.1%}, "
                 f"request hit {s['request_hit_rate']:.1%})")
 

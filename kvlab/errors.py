@@ -67,3 +67,7 @@ class MissingExtraError(VizError, ImportError):
 
 class VLMUnavailableError(KvlabError, ImportError):
     """mlx-vlm is not installed."""
+
+
+class QuantizationError(KvlabError, ValueError):
+    """KV quantization settings mlx cannot use (bits, a group size that does not divide head_dim)."""

@@ -22,14 +22,16 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol, Sequence, runtime_checkable
 
 import mlx.core as mx
-import xxhash
 from mlx.utils import tree_flatten, tree_map
 from mlx_lm.models import cache as mlx_cache
 
 from .errors import NotTrimmableError, SnapshotError
+from .quantized import kv_format as format_of
+from .quantized import maybe_quantize
+from .statefile import digest, rebuild, structure
 from .units import fmt_bytes
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the digest covers the metadata too; "kv_format" names float or quantized KV
 PREFILL_STEP = 2048
 
 
@@ -117,6 +119,11 @@ def _layer_state(c) -> LayerState:
             return LayerState(kind, (None, None, 0), 0, 0)
         k, v = c.keys[..., : c.offset, :], c.values[..., : c.offset, :]
         return LayerState(kind, (k, v, c.offset), c.offset, k.nbytes + v.nbytes)
+    if type(c) is mlx_cache.QuantizedKVCache and c.keys is not None:
+        # packed words, scales and biases all keep the token axis at -2: views of the valid tokens
+        kq, vq = tree_map(lambda a: a[..., : c.offset, :], (c.keys, c.values))
+        nbytes = sum(a.nbytes for a in kq + vq)
+        return LayerState(kind, (kq, vq, c.offset, c.group_size, c.bits), c.offset, nbytes)
     if isinstance(c, mlx_cache.ArraysCache):
         arrays, left_padding, lengths = c.state
         state = (tuple(_view(a) for a in arrays), _view(left_padding), _view(lengths))
@@ -244,21 +251,25 @@ def _checked(model, ids) -> list[int]:
     return list(model.check_ids(ids)) if isinstance(model, Runnable) else [int(i) for i in ids]
 
 
-def advance(model, ids, cache) -> list:
+def advance(model, ids, cache, **kv_quant) -> list:
     """Run ``ids`` into ``cache`` without computing logits (as mlx-lm's generate_step prefill
-    does: with a 150k vocabulary the output projection of every position dominates small models)."""
+    does: with a 150k vocabulary the output projection of every position dominates small models).
+    ``kv_bits=, kv_group_size=, quantized_kv_start=`` quantize the cache as ``prefill`` does."""
     net = net_of(model)
     ids = _checked(model, ids)
     for start in range(0, len(ids), PREFILL_STEP):
         net(mx.array(ids[start : start + PREFILL_STEP])[None], cache=cache)
-        mx.eval([c.state for c in cache])
+        mx.eval([c.state for c in maybe_quantize(cache, **kv_quant)])
     return cache
 
 
-def prefill(model, ids, cache=None, *, all_logits: bool = False):
+def prefill(model, ids, cache=None, *, all_logits: bool = False, kv_bits=None, kv_group_size=64,
+            quantized_kv_start=0):
     """Run ``ids`` through the model on top of ``cache`` in steps of PREFILL_STEP tokens (as
     mlx-lm's prefill does). Returns (last-position logits as float32 [vocab], cache); with
-    ``all_logits=True`` the logits of every position of ``ids`` ([len(ids), vocab]).
+    ``all_logits=True`` the logits of every position of ``ids`` ([len(ids), vocab]). With
+    ``kv_bits`` the cache list's layers become QuantizedKVCache as in mlx-lm's generate: after each
+    step once their offset reaches ``quantized_kv_start`` (kvlab's default 0; mlx-lm's is 5000).
 
     Example:
         >>> logits, cache = kv.prefill(m, kv.tokenise(m, msgs).ids)
@@ -268,35 +279,26 @@ def prefill(model, ids, cache=None, *, all_logits: bool = False):
         raise SnapshotError("prefill needs at least one token id")
     net = net_of(model)
     cache = make_cache(model) if cache is None else cache
+    quant = {"kv_bits": kv_bits, "kv_group_size": kv_group_size, "quantized_kv_start": quantized_kv_start}
     if not all_logits:
-        advance(model, ids[:-1], cache)
+        advance(model, ids[:-1], cache, **quant)
         logits = net(mx.array(ids[-1:])[None], cache=cache)[0, -1].astype(mx.float32)
-        mx.eval(logits, [c.state for c in cache])
+        mx.eval(logits, [c.state for c in maybe_quantize(cache, **quant)])
         return logits, cache
     pieces = []
     for start in range(0, len(ids), PREFILL_STEP):
         pieces.append(net(mx.array(ids[start : start + PREFILL_STEP])[None], cache=cache)[0].astype(mx.float32))
-        mx.eval(pieces[-1], [c.state for c in cache])
+        mx.eval(pieces[-1], [c.state for c in maybe_quantize(cache, **quant)])
     return mx.concatenate(pieces, axis=0), cache
 
 
 # ---- files -------------------------------------------------------------------------------------
 
-def _digest(arrays: dict) -> str:
-    h = xxhash.xxh3_128()
-    for name in sorted(arrays):
-        a = arrays[name]
-        h.update(name.encode())
-        h.update(str((a.dtype, a.shape)).encode())
-        if a.size:
-            h.update(memoryview(mx.contiguous(a.view(mx.uint8))))
-    return h.hexdigest()
-
-
 def save(snap: Snapshot, path, tokens=None, *, model=None) -> str:
     """Write the snapshot to a safetensors file (never pickle); atomic: a failed save leaves no file.
 
-    Metadata: format version, model fingerprint, token ids, layer classes, a data digest.
+    Metadata: format version, model fingerprint, token ids, layer classes, the KV format ("float32",
+    "q4g64": quantized arrays, scales and biases are written as they are), a digest of it all.
 
     Example:
         >>> kv.save(snap, "system.safetensors", tokens=toks, model=m)
@@ -317,15 +319,16 @@ def save(snap: Snapshot, path, tokens=None, *, model=None) -> str:
                 scalars[key] = value
         layers_meta.append({"kind": layer.kind, "tokens": layer.tokens, "nbytes": layer.nbytes,
                             "keys": [k for k, _ in flat], "scalars": scalars,
-                            "structure": _structure(layer.state)})
+                            "structure": structure(layer.state)})
     metadata = {
         "kvlab_format": str(FORMAT_VERSION),
         "fingerprint": fingerprint,
         "offset": str(snap.offset),
         "token_ids": json.dumps(list(ids) if ids is not None else None),
         "layers": json.dumps(layers_meta),
-        "digest": _digest(arrays),
+        "kv_format": format_of(snap),
     }
+    metadata["digest"] = digest(arrays, json.dumps(metadata, sort_keys=True))
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
@@ -348,25 +351,13 @@ def save(snap: Snapshot, path, tokens=None, *, model=None) -> str:
     return path
 
 
-def _structure(tree):
-    """A JSON skeleton of a state tree (tuples/lists/None/leaves) to rebuild it on load."""
-    if isinstance(tree, (tuple, list)):
-        return [_structure(t) for t in tree]
-    return None if tree is None else "leaf"
-
-
-def _rebuild(skeleton, flat: dict, prefix: str):
-    if isinstance(skeleton, list):
-        return tuple(_rebuild(s, flat, f"{prefix}.{j}" if prefix else str(j)) for j, s in enumerate(skeleton))
-    return None if skeleton is None else flat[prefix]
-
-
-def load_snapshot(path, model) -> Snapshot:
+def load_snapshot(path, model, *, kv_format: str | None = None) -> Snapshot:
     """Read a snapshot written by ``kv.save``; refuse another model's file, a corrupt or truncated
-    file and a newer format, each with a clear error.
+    file, a newer format and (given ``kv_format``, e.g. "q4g64" or "float32") KV of another
+    format, each with a clear error.
 
     Example:
-        >>> snap = kv.load_snapshot("system.safetensors", m)
+        >>> snap = kv.load_snapshot("system.safetensors", m, kv_format="float32")
     """
     path = os.fspath(path)
     if not os.path.exists(path):
@@ -385,14 +376,19 @@ def load_snapshot(path, model) -> Snapshot:
     if meta["fingerprint"] != expected:
         raise SnapshotError(f"{path} was made by model {meta['fingerprint'][:12]}, not by the model "
                             f"you passed ({str(expected)[:12]}): KV from another model is meaningless")
-    if _digest(arrays) != meta.get("digest"):
+    signed = json.dumps({k: v for k, v in meta.items() if k != "digest"}, sort_keys=True) if version > 1 else ""
+    if digest(arrays, signed) != meta.get("digest"):
         raise SnapshotError(f"{path} is corrupt: its data does not match the digest written with it")
     layers = []
     for i, lm in enumerate(json.loads(meta["layers"])):
         flat = {k: arrays[f"{i}.{k}"] for k in lm["keys"] if f"{i}.{k}" in arrays}
         flat.update(lm["scalars"])
-        state = _rebuild(lm["structure"], flat, "")
+        state = rebuild(lm["structure"], flat, "")
         layers.append(LayerState(lm["kind"], state, lm["tokens"], lm["nbytes"]))
     ids = json.loads(meta["token_ids"])
-    return Snapshot(tuple(layers), int(meta["offset"]), tuple(ids) if ids is not None else None,
+    snap = Snapshot(tuple(layers), int(meta["offset"]), tuple(ids) if ids is not None else None,
                     meta["fingerprint"])
+    if kv_format is not None and format_of(snap) != kv_format:
+        raise SnapshotError(f"{path} holds {format_of(snap)} KV, not the {kv_format} asked for: float "
+                            "and quantized KV of one model are not interchangeable")
+    return snap

@@ -9,7 +9,7 @@ request frees its blocks tail first, so its tail is evicted before its head (vLL
 Hits are full blocks only and the last prompt token is always recomputed: reuse is the number of
 leading resident blocks within the first n-1 tokens, times ``block_size``.
 
-Only attention (``KVCache``) layers can be paged. For a model with other layers (SSM/conv state,
+Only attention (``KVCache``, ``QuantizedKVCache``) layers can be paged. For a model with other layers (SSM/conv state,
 rotating windows) ``insert`` stores nothing and ``lookup`` answers a miss whose ``why`` says which
 layer is the obstacle, so the Engine's Result explains the 0% reuse instead of hiding it.
 
@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 import polars as pl
+from mlx.utils import tree_flatten, tree_map
 
 from ..errors import BlockSizeError, BudgetError, SnapshotError
 from ..keys import CacheKey
@@ -39,7 +40,8 @@ from .base import EventLog, Match, StoreBase, check_budget, default_budget
 @dataclass(eq=False)
 class Block:
     """One resident block: its hash, parent hash, token ids and per-layer (keys, values)
-    arrays of shape [batch, kv_heads, block_size, head_dim]."""
+    arrays of shape [batch, kv_heads, block_size, head_dim] (quantized layers: (keys, values,
+    group_size, bits), keys and values each (packed words, scales, biases))."""
 
     id: int
     hash: bytes
@@ -160,11 +162,14 @@ class PagedStore(StoreBase):
     # -- internals --------------------------------------------------------------------------------
     def _store(self, h: bytes, parent, ids, i: int, snap: Snapshot, kind: str) -> Block:
         s, e = i * self.block_size, (i + 1) * self.block_size
-        # a copy per block (not a view) so a block never keeps a whole request buffer alive
-        kv = tuple((mx.contiguous(layer.state[0][..., s:e, :]), mx.contiguous(layer.state[1][..., s:e, :]))
+        # a copy per block (not a view) so a block never keeps a whole request buffer alive; a
+        # quantized layer's packed words, scales and biases all have the token axis at -2, and its
+        # (group_size, bits) ride along after (keys, values)
+        kv = tuple(tree_map(lambda a: mx.contiguous(a[..., s:e, :]), tuple(layer.state[:2])) + tuple(layer.state[3:5])
                    for layer in snap.layers)
-        mx.eval(kv)
-        nbytes = sum(k.nbytes + v.nbytes for k, v in kv)
+        arrays = [a for _, a in tree_flatten(kv) if isinstance(a, mx.array)]
+        mx.eval(arrays)
+        nbytes = sum(a.nbytes for a in arrays)
         while self._full(nbytes):
             self._evict_one()
         block = Block(next(self._ids), h, parent, tuple(ids[s:e]), kv, nbytes, snap.fingerprint,
@@ -194,8 +199,23 @@ class PagedStore(StoreBase):
         n = len(hits) * self.block_size
         layers = []
         for i in range(len(hits[0].kv)):
-            k = mx.concatenate([b.kv[i][0] for b in hits], axis=2)
-            v = mx.concatenate([b.kv[i][1] for b in hits], axis=2)
+            parts = [b.kv[i] for b in hits]
+            quant = {tuple(p[2:]) for p in parts if len(p) > 2}
+            if len(quant) > 1:
+                raise SnapshotError(f"this PagedStore holds blocks quantized with different (group size, "
+                                    f"bits) {sorted(quant)}: use one PagedStore per KV format")
+            if quant:
+                # float blocks cached below quantized_kv_start: mlx quantizes each token's groups on
+                # their own, so quantizing a block alone equals what mlx-lm's conversion would give
+                group, bits = quant.pop()
+                parts = [p if len(p) > 2 else tuple(mx.quantize(x, group_size=group, bits=bits) for x in p)
+                         for p in parts]
+                k, v = (tuple(mx.concatenate([p[j][a] for p in parts], axis=-2) for a in range(3)) for j in (0, 1))
+                layers.append(LayerState("QuantizedKVCache", (k, v, n, group, bits), n,
+                                         sum(a.nbytes for a in k + v)))
+                continue
+            k = mx.concatenate([p[0] for p in parts], axis=2)
+            v = mx.concatenate([p[1] for p in parts], axis=2)
             layers.append(LayerState("KVCache", (k, v, n), n, k.nbytes + v.nbytes))
         mx.eval([layer.state[:2] for layer in layers])
         return Snapshot(tuple(layers), n, tuple(ids), hits[0].fingerprint)
@@ -248,7 +268,7 @@ class PagedStore(StoreBase):
 
 def _why_unpageable(snap: Snapshot) -> str:
     for i, layer in enumerate(snap.layers):
-        if layer.kind != "KVCache":
+        if layer.kind not in ("KVCache", "QuantizedKVCache"):
             return (f"PagedStore pages attention KV only: layer {i} is {layer.kind}, which cannot be "
                     "cut into token blocks; use RadixStore (the Engine checkpoints such models at "
                     "message boundaries)")
