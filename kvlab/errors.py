@@ -21,6 +21,10 @@ class SnapshotError(KvlabError, ValueError):
     """A snapshot that cannot be used: wrong model, corrupt file, newer format."""
 
 
+class SnapshotFileError(SnapshotError, OSError):
+    """A snapshot file that cannot be written (missing folder, no space, no permission)."""
+
+
 class NotTrimmableError(KvlabError, ValueError):
     """A cache layer that cannot drop tokens (SSM state, wrapped rotating cache)."""
 

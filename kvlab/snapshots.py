@@ -25,7 +25,7 @@ import mlx.core as mx
 from mlx.utils import tree_flatten, tree_map
 from mlx_lm.models import cache as mlx_cache
 
-from .errors import NotTrimmableError, SnapshotError
+from .errors import NotTrimmableError, SnapshotError, SnapshotFileError
 from .quantized import kv_format as format_of
 from .quantized import maybe_quantize
 from .statefile import digest, rebuild, structure
@@ -332,12 +332,12 @@ def save(snap: Snapshot, path, tokens=None, *, model=None) -> str:
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
-        raise SnapshotError(f"cannot save to {path}: the folder {folder} does not exist; create it "
+        raise SnapshotFileError(f"cannot save to {path}: the folder {folder} does not exist; create it "
                             "first (os.makedirs) or pick another path")
     try:
         fd, tmp = tempfile.mkstemp(prefix=".kvlab-", suffix=".safetensors", dir=folder)
     except OSError as e:
-        raise SnapshotError(f"cannot save to {path}: {e.strerror} in {folder}") from e
+        raise SnapshotFileError(f"cannot save to {path}: {e.strerror} in {folder}") from e
     os.close(fd)
     try:
         mx.save_safetensors(tmp, arrays, metadata)
@@ -346,7 +346,7 @@ def save(snap: Snapshot, path, tokens=None, *, model=None) -> str:
         if os.path.exists(tmp):
             os.remove(tmp)
         if isinstance(e, OSError):
-            raise SnapshotError(f"cannot save to {path}: {e}") from e
+            raise SnapshotFileError(f"cannot save to {path}: {e}") from e
         raise
     return path
 

@@ -72,5 +72,5 @@ def test_out_of_vocabulary_ids_get_a_kvlab_error(results, case, position, value)
 
 def test_file_errors_name_the_users_path(results):
     got = results["save_missing_dir"]
-    assert got.startswith("SnapshotError: cannot save to missing/dir/x.safetensors"), got
+    assert got.startswith("SnapshotFileError: cannot save to missing/dir/x.safetensors"), got
     assert ".kvlab-" not in got  # not the temporary file's name
