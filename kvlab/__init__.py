@@ -37,6 +37,7 @@ _LAZY = {
     "CacheKey": "keys", "cache_key": "keys", "Request": "request", "Workload": "request",
     "simulate": "simulator", "sweep": "simulator",
     "Inspector": "viz.widgets",
+    "load_test": "serving.load",
 }
 _SUBMODULES = {"workloads", "traces", "viz", "bench", "runner", "grid", "stores", "magics", "keys", "tokens"}
 

