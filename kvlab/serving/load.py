@@ -53,6 +53,7 @@ class LoadResult:
     settings: dict
     server_before: dict = field(default_factory=dict)
     server_after: dict = field(default_factory=dict)
+    server_events: list = field(default_factory=list)
 
     @property
     def summary(self) -> dict:
@@ -72,6 +73,10 @@ class LoadResult:
         """
         a, b = _flatten(self.server_before), _flatten(self.server_after)
         return {k: b[k] - a.get(k, 0) for k in b if not isinstance(b[k], bool)}
+
+    def events(self) -> pl.DataFrame:
+        """kvlab serve's events during the run (``/kvlab/events``; empty for other servers)."""
+        return pl.DataFrame(self.server_events) if self.server_events else pl.DataFrame()
 
     def write(self, path) -> Path:
         """The frame as parquet, written atomically (a temporary file, then ``os.replace``)."""
@@ -128,15 +133,16 @@ async def load_test_async(url: str, workload="multi_turn", *, concurrency: int |
                           timeout: float = 120.0, temperature: float = 0.0, seed: int = 0,
                           time_scale: float = 1.0, block_tokens: int | None = None,
                           max_prompt_tokens: int | None = None, record_tokens: bool = False,
-                          extra_body: dict | None = None, warmup: bool = True, progress: bool = True,
+                          extra_body: dict | None = None, warmup: bool = True, keep_text: bool = False,
+                          progress: bool = True,
                           label: str | None = None, out=None, **params) -> LoadResult:
     """The load run as a coroutine. ``workload`` is a name (multi_turn, agentic_loop,
     shared_system_prompt, prefix_repetition), a ``kv.Workload``, a trace or a trace file;
     ``params`` go to its generator. ``record_tokens`` sends non-streamed requests with
     ``logprobs`` so each row has its output ids and top-2 logprob gaps (no TTFT then).
     ``warmup`` first sends one untimed two-character request (a server's first request pays for
-    lazy loading and compilation; vLLM's bench warms up the same way). ``out`` writes the frame
-    as parquet.
+    lazy loading and compilation; vLLM's bench warms up the same way). ``keep_text`` keeps each
+    reply's text (column ``reply``). ``out`` writes the frame as parquet.
 
     Example:
         >>> r = await load_test_async(url, "shared_system_prompt", rate=2.0, duration=10)
@@ -177,14 +183,15 @@ async def load_test_async(url: str, workload="multi_turn", *, concurrency: int |
         budget = _Budget(cap, duration, t0)
         sem = asyncio.Semaphore(concurrency) if concurrency else None
 
-        async def run_session(s: Session) -> None:
+        async def run_session(s: Session, at: float | None = None) -> None:
             replies: list[str] = []
             for k, turn in enumerate(s.turns):
                 idx = budget.take()
                 if idx is None:
                     return
                 row, reply = await send(turn, replies, t0)
-                row.update(request=idx, session=s.index, turn=k)
+                row.update(request=idx, session=s.index, turn=k, scheduled_s=at if k == 0 else None,
+                           reply=reply if keep_text else None)
                 rows.append(row)
                 bar.update(1)
                 if not row["ok"]:
@@ -195,9 +202,9 @@ async def load_test_async(url: str, workload="multi_turn", *, concurrency: int |
             if at is not None:
                 await asyncio.sleep(max(0.0, t0 + at - time.perf_counter()))
             if sem is None:
-                return await run_session(s)
+                return await run_session(s, at)
             async with sem:
-                await run_session(s)
+                await run_session(s, at)
 
         try:
             if rate is None and all(s.at_s is None for s in sessions):
@@ -214,8 +221,9 @@ async def load_test_async(url: str, workload="multi_turn", *, concurrency: int |
             bar.close()
         wall = time.perf_counter() - t0
         after = await _server_stats(http, base)
+        events = await _server_events(http, base, before)
     frame = frame_of(sorted(rows, key=lambda r: r["request"])).with_columns(pl.lit(label).alias("label"))
-    result = LoadResult(frame, wall, settings, before, after)
+    result = LoadResult(frame, wall, settings, before, after, events)
     if out is not None:
         result.write(out)
     return result
@@ -317,6 +325,15 @@ async def _server_stats(http, base: str) -> dict:
             except ValueError:
                 continue
     return out
+
+
+async def _server_events(http, base: str, before: dict) -> list:
+    """kvlab serve's events since the run began (its stats count them)."""
+    since = (before.get("/kvlab/stats") or {}).get("events")
+    if since is None:
+        return []
+    r = await http.get(f"{base}/kvlab/events", params={"since": int(since)})
+    return r.json().get("events", []) if r.status_code == 200 else []
 
 
 def _flatten(stats: dict) -> dict:

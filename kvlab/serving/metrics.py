@@ -41,7 +41,7 @@ SCHEMA = {
     "itl_ms": pl.List(pl.Float64), "output_tokens": pl.Int64, "prompt_tokens": pl.Int64,
     "prompt_tokens_expected": pl.Int64, "reused_tokens": pl.Int64, "reused_source": pl.String,
     "finish_reason": pl.String, "reply_chars": pl.Int64, "output_ids": pl.List(pl.Int64),
-    "top2_gap": pl.List(pl.Float64),
+    "top2_gap": pl.List(pl.Float64), "reply": pl.String,
 }
 
 

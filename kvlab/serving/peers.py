@@ -225,6 +225,11 @@ def start_mlx_lm(model="tiny", *, port: int | None = None, prompt_cache_size: in
     return _launch("mlx_lm.server", mode, folder, port, cmd, env, None, timeout)
 
 
+def live() -> list[PeerServer]:
+    """The peer servers this process started and has not stopped yet."""
+    return list(_LIVE.values())
+
+
 def model_folder(model) -> Path:
     """The mlx-lm folder of a kvlab model name, a loaded kvlab model, or a folder path."""
     if hasattr(model, "path"):
