@@ -225,6 +225,27 @@ def start_mlx_lm(model="tiny", *, port: int | None = None, prompt_cache_size: in
     return _launch("mlx_lm.server", mode, folder, port, cmd, env, None, timeout)
 
 
+def start_kvlab_serve(model="tiny", store: str = "radix", *, budget=None, port: int | None = None,
+                      extra_args=(), timeout: float = 120.0) -> PeerServer:
+    """Start ``kvlab serve`` as a child process, like the peers, so a benchmark's client never
+    shares a process (and its GIL) with the server it measures.
+
+    Example:
+        >>> with start_kvlab_serve("tiny", "paged", budget="64MiB") as srv:
+        ...     kv.load_test(srv.url, "multi_turn", concurrency=2, num_requests=6)
+    """
+    name = model if isinstance(model, str) and not Path(model).is_dir() else str(model_folder(model))
+    port = port or free_port()
+    args = ["serve", "--model", name, "--store", store, "--host", "127.0.0.1", "--port", str(port)]
+    if budget is not None:
+        args += ["--budget", str(budget)]
+    env = env_with_fast_blas()
+    root = str(Path(__file__).resolve().parents[2])  # the child imports this same kvlab
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+    cmd = [sys.executable, "-m", "kvlab.cli", *args, *map(str, extra_args)]
+    return _launch("kvlab serve", store, Path(name), port, cmd, env, None, timeout)
+
+
 def live() -> list[PeerServer]:
     """The peer servers this process started and has not stopped yet."""
     return list(_LIVE.values())

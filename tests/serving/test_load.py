@@ -136,3 +136,18 @@ def test_load_result_reprs(server):
     assert repr(r).startswith("LoadResult('shared_system_prompt@c1': 1/1 ok")
     assert "ttft_ms_p50" in r._repr_html_() and "\n" not in repr(r)
     assert r.summary_frame().height == 1
+
+
+def test_bench_serving_table_side_by_side(tiny):
+    from kvlab.bench import REGISTRY, serving
+
+    assert REGISTRY["serving"] is serving and serving.NEEDS_MODEL
+    t = serving.bench_serving(tiny, 2, concurrency=(1, 2), servers=[serving.PLAIN], requests=4,
+                              prefix_len=256, suffix_len=32, output_len=4)
+    assert [r[:2] for r in t.rows] == [(serving.PLAIN, 1), (serving.PLAIN, 2)]
+    assert all(r[-2:] == ("1.00x", "1.00x") for r in t.rows)  # the reference against itself
+    # 4 requests of 288 tokens, the 256-token prefix reused by the 3 after the first (concurrency 1)
+    assert t.rows[0][6] == f"{3 * 256 / (4 * 288):.1%}"
+    assert "kvlab bench --only serving" in t.command and "Target" in t.notes
+    with pytest.raises(KvlabError, match="unknown server"):
+        serving.bench_serving(tiny, 1, servers=["nginx"])
