@@ -1,6 +1,8 @@
 """One request of a load run: send a turn through the official ``openai`` SDK, streamed, and time
 its token chunks; or, when recording tokens, non-streamed with ``logprobs`` so the output ids and
 each step's top-2 logprob gap come back (mlx-lm's server returns them; TTFT is then unknown).
+Also the run's other HTTP calls: the model name, the warm-up request, and the counters a server
+exposes (vllm-mlx's ``/v1/cache/stats``, kvlab serve's ``/kvlab/stats`` and ``/kvlab/events``).
 
 Example:
     >>> send = Sender(openai.AsyncOpenAI(base_url=url + "/v1", api_key="x"), "default_model")
@@ -13,8 +15,11 @@ import asyncio
 import json
 import time
 
+from ..errors import KvlabError
 from .metrics import request_metrics
 from .sessions import Turn
+
+STATS_PATHS = ("/v1/cache/stats", "/kvlab/stats")  # vllm-mlx's and kvlab serve's counters
 
 
 class Sender:
@@ -137,3 +142,75 @@ def _logprob_ids(logprobs) -> tuple[list[int] | None, list[float] | None]:
         import html
 
         return f"<code>{html.escape(repr(self))}</code>"
+
+
+async def model_name(http, base: str) -> str:
+    """The first model ``/v1/models`` lists; mlx-lm's ``default_model`` when it lists none."""
+    import httpx
+
+    try:
+        r = await http.get(f"{base}/v1/models")
+    except httpx.ConnectError as e:
+        raise KvlabError(f"cannot connect to {base}: is the server running? ({e})") from e
+    except httpx.HTTPError:
+        return "default_model"
+    try:
+        data = r.json().get("data") if r.status_code == 200 else None
+    except ValueError:
+        data = None
+    return data[0]["id"] if data else "default_model"
+
+
+async def warmup_request(client, model: str, endpoint: str, base: str) -> None:
+    """One untimed two-character request; a KvlabError saying what to check when it fails."""
+    import openai
+
+    try:
+        if endpoint == "chat":
+            await client.chat.completions.create(model=model, max_tokens=1, temperature=0.0,
+                                                 messages=[{"role": "user", "content": "Hi"}])
+        else:
+            await client.completions.create(model=model, prompt="Hi", max_tokens=1, temperature=0.0)
+    except openai.APIError as e:
+        raise KvlabError(f"the warm-up request to {base} failed ({type(e).__name__}: {e}); check the "
+                         "URL, the API key and the server's log, or pass warmup=False") from e
+
+
+async def server_stats(http, base: str) -> dict:
+    """The counters the server exposes at :data:`STATS_PATHS` (JSON), by path."""
+    out = {}
+    for path in STATS_PATHS:
+        try:
+            r = await http.get(f"{base}{path}")
+        except Exception:  # the route is optional: any transport error means "not exposed"
+            continue
+        if r.status_code == 200:
+            try:
+                out[path] = r.json()
+            except ValueError:
+                continue
+    return out
+
+
+async def fetch_events(http, base: str, before: dict) -> list:
+    """kvlab serve's events since the run began (its stats count them)."""
+    since = (before.get("/kvlab/stats") or {}).get("events")
+    if since is None:
+        return []
+    r = await http.get(f"{base}/kvlab/events", params={"since": int(since)})
+    return r.json().get("events", []) if r.status_code == 200 else []
+
+
+def flatten(stats: dict) -> dict:
+    """Numeric leaves of ``{path: json}`` as ``{"path:key.sub": value}``."""
+    out = {}
+
+    def walk(prefix, v):
+        if isinstance(v, dict):
+            for k, x in v.items():
+                walk(f"{prefix}.{k}" if prefix[-1] != ":" else f"{prefix}{k}", x)
+        elif isinstance(v, (int, float)):
+            out[prefix] = v
+    for path, v in stats.items():
+        walk(f"{path}:", v)
+    return out

@@ -30,12 +30,11 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from ..errors import KvlabError, RequestError
-from .client import Sender
+from ..errors import RequestError
+from .client import Sender, fetch_events, flatten, model_name, server_stats, warmup_request
 from .metrics import frame_of, summarise
 from .sessions import CHAT_SESSIONS, Session, sessions_for
 
-STATS_PATHS = ("/v1/cache/stats", "/kvlab/stats")  # vllm-mlx's and kvlab serve's counters
 DURATION_USERS = 256  # sessions made for a duration-capped run when neither users nor a count is given
 
 
@@ -71,7 +70,7 @@ class LoadResult:
             >>> r.server_delta()["/v1/cache/stats:engine_cache.tokens_saved"]
             4030
         """
-        a, b = _flatten(self.server_before), _flatten(self.server_after)
+        a, b = flatten(self.server_before), flatten(self.server_after)
         return {k: b[k] - a.get(k, 0) for k in b if not isinstance(b[k], bool)}
 
     def events(self) -> pl.DataFrame:
@@ -171,11 +170,11 @@ async def load_test_async(url: str, workload="multi_turn", *, concurrency: int |
     async with httpx.AsyncClient(timeout=timeout, headers=headers) as http:
         client = openai.AsyncOpenAI(base_url=f"{base}/v1", api_key=key, max_retries=0,
                                     timeout=timeout, http_client=http)
-        model = model or await _model_name(http, base)
+        model = model or await model_name(http, base)
         settings["model"] = model
         if warmup:
-            await _warmup(client, model, sessions[0].turns[0].endpoint, base)
-        before = await _server_stats(http, base)
+            await warmup_request(client, model, sessions[0].turns[0].endpoint, base)
+        before = await server_stats(http, base)
         send = Sender(client, model, temperature, timeout, record_tokens, extra_body, tokenizer)
         rows: list[dict] = []
         bar = tqdm(total=cap, desc=f"kvlab load {label}", unit="req", disable=not progress)
@@ -220,8 +219,8 @@ async def load_test_async(url: str, workload="multi_turn", *, concurrency: int |
         finally:
             bar.close()
         wall = time.perf_counter() - t0
-        after = await _server_stats(http, base)
-        events = await _server_events(http, base, before)
+        after = await server_stats(http, base)
+        events = await fetch_events(http, base, before)
     frame = frame_of(sorted(rows, key=lambda r: r["request"])).with_columns(pl.lit(label).alias("label"))
     result = LoadResult(frame, wall, settings, before, after, events)
     if out is not None:
@@ -279,75 +278,6 @@ def _base_url(url: str) -> str:
         raise RequestError(f"url must start with http:// or https://, got {url!r}")
     url = url.rstrip("/")
     return url[:-3] if url.endswith("/v1") else url
-
-
-async def _model_name(http, base: str) -> str:
-    """The first model ``/v1/models`` lists; mlx-lm's ``default_model`` when it lists none."""
-    import httpx
-
-    try:
-        r = await http.get(f"{base}/v1/models")
-    except httpx.ConnectError as e:
-        raise KvlabError(f"cannot connect to {base}: is the server running? ({e})") from e
-    except httpx.HTTPError:
-        return "default_model"
-    try:
-        data = r.json().get("data") if r.status_code == 200 else None
-    except ValueError:
-        data = None
-    return data[0]["id"] if data else "default_model"
-
-
-async def _warmup(client, model: str, endpoint: str, base: str) -> None:
-    import openai
-
-    try:
-        if endpoint == "chat":
-            await client.chat.completions.create(model=model, max_tokens=1, temperature=0.0,
-                                                 messages=[{"role": "user", "content": "Hi"}])
-        else:
-            await client.completions.create(model=model, prompt="Hi", max_tokens=1, temperature=0.0)
-    except openai.APIError as e:
-        raise KvlabError(f"the warm-up request to {base} failed ({type(e).__name__}: {e}); check the "
-                         "URL, the API key and the server's log, or pass warmup=False") from e
-
-
-async def _server_stats(http, base: str) -> dict:
-    out = {}
-    for path in STATS_PATHS:
-        try:
-            r = await http.get(f"{base}{path}")
-        except Exception:  # the route is optional: any transport error means "not exposed"
-            continue
-        if r.status_code == 200:
-            try:
-                out[path] = r.json()
-            except ValueError:
-                continue
-    return out
-
-
-async def _server_events(http, base: str, before: dict) -> list:
-    """kvlab serve's events since the run began (its stats count them)."""
-    since = (before.get("/kvlab/stats") or {}).get("events")
-    if since is None:
-        return []
-    r = await http.get(f"{base}/kvlab/events", params={"since": int(since)})
-    return r.json().get("events", []) if r.status_code == 200 else []
-
-
-def _flatten(stats: dict) -> dict:
-    out = {}
-
-    def walk(prefix, v):
-        if isinstance(v, dict):
-            for k, x in v.items():
-                walk(f"{prefix}.{k}" if prefix[-1] != ":" else f"{prefix}{k}", x)
-        elif isinstance(v, (int, float)):
-            out[prefix] = v
-    for path, v in stats.items():
-        walk(f"{path}:", v)
-    return out
 
 
 def _fmt(v) -> str:

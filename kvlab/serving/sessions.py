@@ -132,7 +132,7 @@ def sessions_for(workload, *, tokenizer=None, users: int = 8, seed: int = 0, tim
                                "tokenizer)")
         params.setdefault("num_prefixes", 1)
         params["num_prompts"] = users
-        wl = gen(seed=seed, tokenizer=tokenizer, **params)
+        wl = round_trip_suffixes(gen(seed=seed, tokenizer=tokenizer, **params), tokenizer, seed)
     else:
         wl = gen(num_users=users, seed=seed, **params)
     return [Session(i, (_turn(r, tokenizer),)) for i, r in enumerate(wl.requests)]
@@ -147,6 +147,37 @@ def _turn(r: Request, tokenizer) -> Turn:
         raise RequestError(f"request {r.name!r} is token ids; pass tokenizer= so they can be sent "
                            "as text the server encodes back to the same ids")
     return Turn(r.name, int(r.max_tokens), prompt=decode(tokenizer, r.ids), ids=r.ids)
+
+
+def round_trip_suffixes(wl: Workload, tokenizer, seed: int = 0) -> Workload:
+    """``wl`` (a prefix_repetition workload) with every request's ids encoding back to themselves
+    once decoded *whole*: its pieces round-trip one by one, but a prefix and a suffix can merge
+    where they meet. Such a request gets a fresh suffix of safe tokens (same length) until the
+    whole prompt round-trips; prefixes never change, so the reuse structure is the workload's.
+
+    Example:
+        >>> wl = round_trip_suffixes(kv.workloads.prefix_repetition(tokenizer=m, seed=2), m)
+    """
+    import dataclasses
+
+    from ..tokens import hf_tokenizer
+
+    hf, n_pre = hf_tokenizer(tokenizer), int(wl.params["prefix_len"])
+    rng = np.random.default_rng([seed, 13])
+    safe = None
+    out = []
+    for r in wl.requests:
+        ids = list(r.ids)
+        for _ in range(20):
+            if list(hf.encode(hf.decode(ids), add_special_tokens=False)) == ids:
+                break
+            safe = safe or safe_ids(tokenizer)
+            ids = ids[:n_pre] + [safe[i] for i in rng.integers(0, len(safe), size=len(ids) - n_pre)]
+        else:
+            raise RequestError(f"request {r.name!r} does not round-trip through the tokenizer even with "
+                               "redrawn suffixes; try another seed")
+        out.append(r if tuple(ids) == r.ids else dataclasses.replace(r, ids=tuple(ids)))
+    return dataclasses.replace(wl, requests=tuple(out))
 
 
 def decode(tokenizer, ids) -> str:

@@ -147,6 +147,22 @@ def test_single_turn_workloads_and_their_errors(qwen_tokenizer):
         sessions.sessions_for("nope")
 
 
+def test_prefix_repetition_prompts_round_trip_whole(qwen_tokenizer):
+    # seed 2: 3 of 16 prompts whose prefix and suffix merge where they meet when re-encoded
+    hf = kv.tokens.hf_tokenizer(qwen_tokenizer)
+    raw = kv.workloads.prefix_repetition(prefix_len=512, suffix_len=128, num_prompts=16, num_prefixes=1,
+                                         seed=2, tokenizer=qwen_tokenizer)
+    merged = [r for r in raw if hf.encode(hf.decode(list(r.ids)), add_special_tokens=False) != list(r.ids)]
+    assert len(merged) == 3
+    ss = sessions.sessions_for("prefix_repetition", users=16, tokenizer=qwen_tokenizer, seed=2,
+                               prefix_len=512, suffix_len=128)
+    turns = [s.turns[0] for s in ss]
+    for t, r in zip(turns, raw):
+        assert hf.encode(t.prompt, add_special_tokens=False) == list(t.ids) and len(t.ids) == 640
+        assert t.ids[:512] == r.ids[:512]                          # the prefix is never touched
+        assert (t.ids == r.ids) == (r not in merged)               # only the merged ones changed
+
+
 def test_trace_prompts_keep_the_trace_reuse_structure(qwen_tokenizer):
     frame = pl.DataFrame({"timestamp": [0, 500, 1500, 2000], "input_length": [1200, 1400, 300, 1536],
                           "output_length": [5, 6, 7, 8], "hash_ids": [[0, 1, 2], [0, 1, 3], [4], [0, 1, 2]]},
