@@ -35,7 +35,7 @@ def test_request_metrics_follow_vllm_definitions():
 def _rows():
     rows = []
     for i, (ttft, e2el, out, prompt, reused) in enumerate(
-            [(100, 1000, 10, 600, 0), (50, 700, 10, 600, 512), (20, 30, 1, 600, 512),
+            [(100, 1000, 10, 600, 0), (50, 700, 5, 600, 512), (20, 30, 1, 600, 512),
              (80, 900, 10, 600, None)]):
         rows.append({"request": i, "session": i, "turn": 0, "ok": True, "ttft_ms": float(ttft),
                      "e2el_ms": float(e2el), "output_tokens": out, "prompt_tokens": prompt,
@@ -52,13 +52,13 @@ def test_summary_counts_only_successful_requests_and_names_both_hit_rates():
     s = metrics.summarise(f, duration_s=2.0)
     assert (s["completed"], s["failed"]) == (4, 1)
     assert s["request_throughput"] == pytest.approx(4 / 2.0)       # the failed one is not counted
-    assert s["total_output_tokens"] == 31 and s["output_throughput"] == pytest.approx(31 / 2.0)
+    assert s["total_output_tokens"] == 26 and s["output_throughput"] == pytest.approx(26 / 2.0)
     assert s["ttft_ms_p50"] == pytest.approx(np.percentile([100, 50, 20, 80], 50))
     assert s["ttft_ms_p99"] == pytest.approx(np.percentile([100, 50, 20, 80], 99))
     assert s["e2el_ms_mean"] == pytest.approx(np.mean([1000, 700, 30, 900]))
     # TPOT leaves out the one-token request; ITL pools every gap of every request
-    assert s["tpot_ms_p50"] == pytest.approx(np.median([900 / 9, 650 / 9, 820 / 9]))
-    assert s["itl_ms_mean"] == pytest.approx(np.mean([10.0] * 9 + [20.0] * 9 + [40.0] * 9))
+    assert s["tpot_ms_p50"] == pytest.approx(np.median([900 / 9, 650 / 4, 820 / 9]))
+    assert s["itl_ms_mean"] == pytest.approx(np.mean([10.0] * 9 + [20.0] * 4 + [40.0] * 9))
     # hit rates over the 3 requests whose server reported reuse: per token and per request
     assert s["reuse_known"] == 3 and s["reused_tokens"] == 1024
     assert s["token_hit_rate"] == pytest.approx(1024 / 1800)

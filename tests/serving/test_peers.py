@@ -11,6 +11,7 @@ import statistics
 import polars as pl
 import pytest
 
+import kvlab as kv
 from kvlab.cli import main
 from kvlab.serving import peers
 
@@ -32,6 +33,10 @@ def test_vllm_mlx_prefix_hit_is_visible_in_ttft(tiny, tmp_path, capsys):
         assert code == 0
         after = peer.cache_stats()["engine_cache"]
         printed = json.loads(capsys.readouterr().out)
+        # chat: vllm-mlx opens the stream with a role-only chunk before prefill; TTFT is the first
+        # chunk with text, so with 2 output tokens it is most of the request's time
+        chat = kv.load_test(peer.url, "shared_system_prompt", concurrency=1, num_requests=2,
+                            system_tokens=1500, max_tokens=2, progress=False)
         pid, home = peer.pid, peer.home
     assert not peer.running and not home.exists()
     with pytest.raises(ProcessLookupError):
@@ -49,6 +54,9 @@ def test_vllm_mlx_prefix_hit_is_visible_in_ttft(tiny, tmp_path, capsys):
     cold = statistics.median(f["ttft_ms"][:2].to_list())
     warm = statistics.median(f["ttft_ms"][2:].to_list())
     assert warm < WARM_OVER_COLD * cold, f"warm TTFT {warm:.0f} ms vs cold {cold:.0f} ms"
+    c = chat.frame.row(0, named=True)
+    assert chat.frame["ok"].all() and c["output_tokens"] == 2
+    assert c["ttft_ms"] > 0.5 * c["e2el_ms"], c
 
 
 def test_a_bad_mode_or_model_is_refused_before_anything_starts(tmp_path):
