@@ -92,9 +92,12 @@ def _one(srv, model, c, rep, requests, prefix_len, suffix_len, output_len) -> di
     from ..serving.load import load_test
     from ..units import fmt_bytes
 
-    r = load_test(srv.url, "prefix_repetition", tokenizer=model, concurrency=c, num_requests=requests,
-                  prefix_len=prefix_len, suffix_len=suffix_len, output_len=output_len, num_prefixes=1,
-                  seed=1000 * rep + c, progress=False)
+    try:
+        r = load_test(srv.url, "prefix_repetition", tokenizer=model, concurrency=c, num_requests=requests,
+                      prefix_len=prefix_len, suffix_len=suffix_len, output_len=output_len, num_prefixes=1,
+                      seed=1000 * rep + c, progress=False)
+    except KvlabError as e:
+        raise KvlabError(f"{srv!r} at concurrency {c}: {e}\nits log ends:\n{srv.log(tail=15)}") from e
     s = r.summary
     if s["failed"]:
         raise KvlabError(f"{srv!r}: {s['failed']} of {r.frame.height} requests failed at concurrency {c}: "

@@ -172,8 +172,9 @@ async def warmup_request(client, model: str, endpoint: str, base: str) -> None:
         else:
             await client.completions.create(model=model, prompt="Hi", max_tokens=1, temperature=0.0)
     except openai.APIError as e:
-        raise KvlabError(f"the warm-up request to {base} failed ({type(e).__name__}: {e}); check the "
-                         "URL, the API key and the server's log, or pass warmup=False") from e
+        body = getattr(getattr(e, "response", None), "text", "") or ""
+        raise KvlabError(f"the warm-up request to {base} failed ({type(e).__name__}: {e} {body[:200]}); "
+                         "check the URL, the API key and the server's log, or pass warmup=False") from e
 
 
 async def server_stats(http, base: str) -> dict:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import atexit
 import html
 import os
+import re
 import shutil
 import signal
 import socket
@@ -42,6 +43,7 @@ VLLM_MLX_DEPS = ("mlx-lm[cpu]==0.31.3", "fastapi", "starlette", "uvicorn", "psut
 MODES = {"simple": (), "batched": ("--continuous-batching",),
          "paged": ("--continuous-batching", "--use-paged-cache")}
 _LIVE: dict[int, "PeerServer"] = {}
+_CACHE_FETCH = re.compile(r"\[cache_fetch\] request=(\S+) (HIT|MISS) prompt_tokens=(\d+)(?: cached=(\d+))?")
 
 
 class PeerError(KvlabError, RuntimeError):
@@ -135,6 +137,22 @@ class PeerServer:
                 return json.loads(r.read())
         except (OSError, ValueError):
             return None
+
+    def cache_log(self) -> "pl.DataFrame":
+        """vllm-mlx's per-request cache lookups from its log (batched mode's memory-aware cache
+        logs ``[cache_fetch] ... HIT|MISS prompt_tokens=N cached=M``): one row a lookup, in order,
+        with the tokens it *reported* cached.
+
+        Example:
+            >>> peer.cache_log().tail(3)["cached"].to_list()
+            [1024, 1024, 1280]
+        """
+        import polars as pl
+
+        rows = [{"request": m[1], "hit": m[2] == "HIT", "prompt_tokens": int(m[3]),
+                 "cached": int(m[4]) if m[4] else 0} for m in _CACHE_FETCH.finditer(self.log())]
+        return pl.DataFrame(rows, schema={"request": pl.String, "hit": pl.Boolean,
+                                          "prompt_tokens": pl.Int64, "cached": pl.Int64})
 
     def stop(self, timeout: float = 20.0) -> None:
         """SIGTERM the server's process group, SIGKILL it after ``timeout`` s; remove its HOME."""
