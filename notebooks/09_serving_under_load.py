@@ -264,8 +264,8 @@ if run_peers:
             if name in fits:  # the audit first, on a cold cache
                 on = kv.load_test(srv.url, repeated, tokenizer=m, concurrency=1, progress=False)
                 audit_frame = savings.infer_reuse(on.frame, fits[name])
-                if name.startswith("vllm-mlx"):  # its usage says nothing: its log says what it counted
-                    log = srv.cache_log().tail(on.frame.height)
+                log = srv.cache_log().tail(on.frame.height)  # vllm-mlx batched logs each lookup
+                if name.startswith("vllm-mlx") and log.height == on.frame.height:
                     audit_frame = audit_frame.with_columns(reused_tokens=log["cached"])
                 audits.append({"section": "audit", "server": name, **savings.audit(on, fits[name]),
                                "fit": repr(fits[name])})

@@ -68,3 +68,15 @@ def test_a_bad_mode_or_model_is_refused_before_anything_starts(tmp_path):
     with pytest.raises(Exception, match="neither a known model name nor a local folder"):
         peers.start_mlx_lm(str(tmp_path / "nope"))
     assert not peers.live()
+
+
+def test_the_peers_venv_is_made_once(monkeypatch):
+    path = peers.ensure_peers_venv()  # made by scripts/setup.sh (or the first peer started)
+    assert (path / ".kvlab-peers-installed").read_text().startswith(peers.VLLM_MLX)
+
+    def no_pip(*a, **k):
+        raise AssertionError(f"reinstalled: {a}")
+    monkeypatch.setattr(peers.subprocess, "run", no_pip)
+    assert peers.ensure_peers_venv() == path  # the stamp says it is there: nothing runs
+    monkeypatch.setenv("KVLAB_PEERS_VENV", str(path))
+    assert peers.peers_venv() == path
