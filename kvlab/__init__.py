@@ -40,6 +40,7 @@ _LAZY = {
     "quantized_reuse_error": "quantization", "kv_format": "quantized",
     "Inspector": "viz.widgets",
     "serve": "serving.server",
+    "load_test": "serving.load",
 }
 _SUBMODULES = {"workloads", "traces", "viz", "bench", "runner", "grid", "stores", "magics", "keys", "tokens",
                "serving"}

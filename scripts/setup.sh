@@ -36,3 +36,7 @@ if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ]; then
   touch "$STAMP"
 fi
 "$VENV/bin/python" -m kvlab.cli prepare
+# `make test` / `make setup`: the peer server (vllm-mlx) in its own venv, .venv-peers (idempotent)
+if [ "$WANT_BROWSER" = "browser" ]; then
+  "$VENV/bin/python" -m kvlab.cli peer vllm-mlx --install
+fi

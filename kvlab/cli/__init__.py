@@ -15,12 +15,12 @@ import argparse
 import sys
 
 from ..errors import KvlabError
-from . import bench, notebooks, serving, setup, simulate
+from . import bench, load, notebooks, serving, setup, simulate
 
 __all__ = ["COMMANDS", "build_parser", "main"]
 
 # the command groups, in the order `kvlab --help` lists them
-COMMANDS = (setup, bench, simulate, notebooks, serving)
+COMMANDS = (setup, bench, simulate, notebooks, serving, load)
 
 
 def build_parser() -> argparse.ArgumentParser:

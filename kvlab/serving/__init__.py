@@ -1,5 +1,7 @@
 """Serving: mlx-lm's own server (continuous batching, OpenAI routes) with a kvlab store behind its
-prompt cache, an Anthropic Messages route, live events and stats, and request recording.
+prompt cache, an Anthropic Messages route, live events and stats, and request recording; a load
+generator for any OpenAI-compatible endpoint (``kv.load_test``) and peer servers (vllm-mlx, plain
+mlx_lm.server) to compare against.
 
 Example:
     >>> with kv.serve("tiny", "radix") as server:
@@ -11,11 +13,11 @@ from __future__ import annotations
 import importlib
 
 __all__ = ["serve", "Server", "StoreAdapter", "ObservedLRU", "ServerEvents", "Recorder",
-           "hash_ids", "read_records", "workload"]
+           "hash_ids", "read_records", "workload", "load_test"]
 
 _LAZY = {"serve": "server", "Server": "server", "StoreAdapter": "adapter", "ObservedLRU": "lru",
          "ServerEvents": "events", "Recorder": "record", "hash_ids": "record",
-         "read_records": "record", "workload": "record"}
+         "read_records": "record", "workload": "record", "load_test": "load"}
 
 
 def __getattr__(name):

@@ -20,7 +20,7 @@ def test_python_dash_m_lists_every_command():
     out = subprocess.run([sys.executable, "-m", "kvlab.cli", "--help"], capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 0, out.stderr
-    assert "{prepare,demo,bench,simulate,run,grid,serve}" in out.stdout
+    assert "{prepare,demo,bench,simulate,run,grid,serve,load,peer}" in out.stdout
 
 
 def test_grid_replaced_sweep(capsys):

@@ -1,0 +1,132 @@
+"""`kvlab load`: drive an OpenAI-compatible server with concurrent sessions and print vLLM-style
+latency percentiles; `kvlab peer`: run a peer server (vllm-mlx, plain mlx_lm.server) on loopback
+until Ctrl-C.
+
+Example:
+    $ kvlab peer vllm-mlx --mode paged --model tiny --port 8100 &
+    $ kvlab load http://127.0.0.1:8100 --workload shared_system_prompt --concurrency 4 \\
+          --num-requests 16 --out runs/paged.parquet
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+
+from ..errors import KvlabError
+from .output import print_result
+
+_WORKLOADS = "multi_turn, agentic_loop, shared_system_prompt, prefix_repetition, or a trace .jsonl"
+
+
+def register(sub) -> None:
+    s = sub.add_parser("load", help="load-test an OpenAI-compatible server (TTFT/TPOT/ITL/E2EL)")
+    s.add_argument("url", help="the server, e.g. http://127.0.0.1:8080")
+    s.add_argument("--workload", default="multi_turn", help=_WORKLOADS)
+    arrive = s.add_mutually_exclusive_group()
+    arrive.add_argument("--concurrency", type=int, default=None, help="sessions in flight")
+    arrive.add_argument("--rate", type=float, default=None, help="Poisson session arrivals a second")
+    cap = s.add_mutually_exclusive_group()
+    cap.add_argument("--num-requests", type=int, default=None, help="stop after this many requests")
+    cap.add_argument("--duration", type=float, default=None, help="send nothing after this many seconds")
+    s.add_argument("--users", type=int, default=None, help="sessions to make (default: from the cap)")
+    s.add_argument("--time-scale", type=float, default=1.0, help="trace replay: multiply timestamps")
+    s.add_argument("--block-tokens", type=int, default=None,
+                   help="trace replay: tokens per hash block (default the trace's 512; shrink for small models)")
+    s.add_argument("--tokenizer", default=None,
+                   help="the served model (a kvlab name or folder): needed for token-id workloads and traces")
+    s.add_argument("--model", default=None, help="model name sent in requests (default: /v1/models)")
+    s.add_argument("--api-key", default=None, help="bearer key (default $KVLAB_API_KEY / $OPENAI_API_KEY)")
+    s.add_argument("--timeout", type=float, default=120.0, help="per-request timeout in seconds")
+    s.add_argument("--turns", type=int, default=None, help="multi_turn / agentic_loop turns a session")
+    s.add_argument("--max-tokens", type=int, default=None, help="chat workloads: tokens to generate")
+    s.add_argument("--system-tokens", type=int, default=None, help="chat workloads: system prompt size")
+    s.add_argument("--prefix-len", type=int, default=256)
+    s.add_argument("--suffix-len", type=int, default=256)
+    s.add_argument("--num-prefixes", type=int, default=1)
+    s.add_argument("--output-len", type=int, default=128)
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--record-tokens", action="store_true",
+                   help="non-streamed requests with logprobs: output ids and top-2 gaps, no TTFT")
+    s.add_argument("--out", default=None, help="write the per-request frame as parquet")
+    s.add_argument("--no-progress", action="store_true")
+    s.add_argument("--json", action="store_true", help="print the summary as JSON")
+    s.set_defaults(func=load)
+
+    p = sub.add_parser("peer", help="run a peer server (vllm-mlx or plain mlx_lm.server) until Ctrl-C")
+    p.add_argument("server", choices=("vllm-mlx", "mlx-lm"))
+    p.add_argument("--mode", default="batched", choices=("simple", "batched", "paged"),
+                   help="vllm-mlx mode")
+    p.add_argument("--model", default="smollm2", help="a kvlab model name or an mlx-lm folder")
+    p.add_argument("--port", type=int, default=None, help="default: a free port")
+    p.add_argument("--no-prefix-cache", action="store_true", help="serve with the prefix cache off")
+    p.add_argument("--install", action="store_true",
+                   help="only create the peers' venv (.venv-peers) with vllm-mlx, then exit")
+    p.set_defaults(func=peer)
+
+
+def load(args) -> int:
+    """Run the load test; print the summary (aligned, or JSON) and where the frame went."""
+    from ..serving.load import load_test
+
+    params = {}
+    if args.workload == "prefix_repetition":
+        params.update(prefix_len=args.prefix_len, suffix_len=args.suffix_len,
+                      num_prefixes=args.num_prefixes, output_len=args.output_len)
+    for name in ("turns", "max_tokens", "system_tokens"):
+        if getattr(args, name) is not None:
+            if args.workload not in ("multi_turn", "agentic_loop", "shared_system_prompt"):
+                raise KvlabError(f"--{name.replace('_', '-')} applies to chat workloads, not {args.workload}")
+            params[name] = getattr(args, name)
+    r = load_test(args.url, args.workload, concurrency=args.concurrency, rate=args.rate,
+                  num_requests=args.num_requests, duration=args.duration, users=args.users,
+                  time_scale=args.time_scale, block_tokens=args.block_tokens, tokenizer=args.tokenizer,
+                  model=args.model, api_key=args.api_key, timeout=args.timeout, seed=args.seed,
+                  record_tokens=args.record_tokens, progress=not args.no_progress, out=args.out,
+                  **params)
+    out = dict(r.summary)
+    if args.out:
+        out["frame"] = args.out
+    if args.json:
+        out["server_delta"] = r.server_delta()
+        print_result(out, True)
+        return 0
+    print_result({k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in out.items()}, False)
+    failed = r.frame.filter(~r.frame["ok"])
+    if failed.height:
+        print(f"kvlab load: {failed.height} request(s) failed; first: {failed['error'][0]}", file=sys.stderr)
+    return 0 if not failed.height else 1
+
+
+def peer(args) -> int:
+    """Start the peer server, print its URL, and stop it (by process id) on Ctrl-C or SIGTERM."""
+    from ..serving import peers
+
+    if args.install:
+        if args.server != "vllm-mlx":
+            raise KvlabError("--install applies to vllm-mlx (mlx_lm.server runs from kvlab's own env)")
+        print(f"kvlab: vllm-mlx ready in {peers.ensure_peers_venv(quiet=False)}")
+        return 0
+    if args.server == "vllm-mlx":
+        server = peers.start_vllm_mlx(args.model, args.mode, port=args.port,
+                                      prefix_cache=not args.no_prefix_cache)
+    else:
+        server = peers.start_mlx_lm(args.model, port=args.port,
+                                    prompt_cache_size=0 if args.no_prefix_cache else 10)
+
+    def _term(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, _term)
+    try:
+        print(f"kvlab: {server!r}\nkvlab: serving at {server.url} (Ctrl-C stops it)", flush=True)
+        while server.running:
+            time.sleep(0.5)
+        print(f"kvlab: the server exited; its log ends:\n{server.log(tail=20)}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        server.stop()
+        signal.signal(signal.SIGTERM, previous)

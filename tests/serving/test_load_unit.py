@@ -1,0 +1,202 @@
+"""The load generator's pieces without a server: vLLM's metric definitions, the summary, arrivals,
+caps, sessions (replies sent back), trace prompt synthesis, the correctness comparison and the
+prefill-time fit."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import polars as pl
+import pytest
+
+import kvlab as kv
+from kvlab.errors import RequestError, TraceError
+from kvlab.serving import load, metrics, savings, sessions
+
+
+# --------------------------------------------------------------------------------- metrics
+
+def test_request_metrics_follow_vllm_definitions():
+    # send at 10.0 s; token chunks at 10.5, 10.6, 10.8, 11.2; 4 output tokens
+    m = metrics.request_metrics(10.0, [10.5, 10.6, 10.8, 11.2], 4)
+    assert m["ttft_ms"] == pytest.approx(500.0)
+    assert m["e2el_ms"] == pytest.approx(1200.0)
+    assert m["itl_ms"] == pytest.approx([100.0, 200.0, 400.0])
+    assert m["tpot_ms"] == pytest.approx((1200.0 - 500.0) / 3)  # (E2EL - TTFT) / (n - 1)
+    # a server that bundles tokens into fewer chunks: TPOT uses the token count, ITL the chunks
+    m = metrics.request_metrics(0.0, [0.2, 1.0], 9)
+    assert m["tpot_ms"] == pytest.approx(800.0 / 8) and m["itl_ms"] == pytest.approx([800.0])
+    # one output token: no TPOT (vLLM leaves it out of the statistics)
+    assert metrics.request_metrics(0.0, [0.3], 1)["tpot_ms"] is None
+    assert metrics.request_metrics(0.0, [], None)["ttft_ms"] is None
+
+
+def _rows():
+    rows = []
+    for i, (ttft, e2el, out, prompt, reused) in enumerate(
+            [(100, 1000, 10, 600, 0), (50, 700, 5, 600, 512), (20, 30, 1, 600, 512),
+             (80, 900, 10, 600, None)]):
+        rows.append({"request": i, "session": i, "turn": 0, "ok": True, "ttft_ms": float(ttft),
+                     "e2el_ms": float(e2el), "output_tokens": out, "prompt_tokens": prompt,
+                     "reused_tokens": reused, "itl_ms": [10.0 * (i + 1)] * max(0, out - 1),
+                     "tpot_ms": (e2el - ttft) / (out - 1) if out > 1 else None,
+                     "prompt_tokens_expected": 600})
+    rows.append({"request": 4, "session": 4, "turn": 0, "ok": False, "error": "HTTP 500",
+                 "ttft_ms": 1.0, "e2el_ms": 1.0, "output_tokens": 99, "prompt_tokens": 5})
+    return rows
+
+
+def test_summary_counts_only_successful_requests_and_names_both_hit_rates():
+    f = metrics.frame_of(_rows())
+    s = metrics.summarise(f, duration_s=2.0)
+    assert (s["completed"], s["failed"]) == (4, 1)
+    assert s["request_throughput"] == pytest.approx(4 / 2.0)       # the failed one is not counted
+    assert s["total_output_tokens"] == 26 and s["output_throughput"] == pytest.approx(26 / 2.0)
+    assert s["ttft_ms_p50"] == pytest.approx(np.percentile([100, 50, 20, 80], 50))
+    assert s["ttft_ms_p99"] == pytest.approx(np.percentile([100, 50, 20, 80], 99))
+    assert s["e2el_ms_mean"] == pytest.approx(np.mean([1000, 700, 30, 900]))
+    # TPOT leaves out the one-token request; ITL pools every gap of every request
+    assert s["tpot_ms_p50"] == pytest.approx(np.median([900 / 9, 650 / 4, 820 / 9]))
+    assert s["itl_ms_mean"] == pytest.approx(np.mean([10.0] * 9 + [20.0] * 4 + [40.0] * 9))
+    # hit rates over the 3 requests whose server reported reuse: per token and per request
+    assert s["reuse_known"] == 3 and s["reused_tokens"] == 1024
+    assert s["token_hit_rate"] == pytest.approx(1024 / 1800)
+    assert s["request_hit_rate"] == pytest.approx(2 / 3)
+    assert s["prompt_token_mismatches"] == 0
+
+
+def test_compare_outputs_reports_first_difference_and_gap():
+    def frame(ids_list, gaps_list):
+        return metrics.frame_of([{"request": i, "session": i, "turn": 0, "ok": True, "name": f"r{i}",
+                                  "output_ids": ids, "top2_gap": gaps}
+                                 for i, (ids, gaps) in enumerate(zip(ids_list, gaps_list))])
+    ref = frame([[1, 2, 3], [4, 5, 6], [7, 8, 9]], [[1.0, 0.5, 0.2], [1.0, 0.0004, 0.3], [1.0, 2.0, 3.0]])
+    got = frame([[1, 2, 3], [4, 9, 9], [7, 1, 1]], [[1.0] * 3] * 3)
+    c = metrics.compare_outputs(got, ref).sort("session")
+    assert c["equal"].to_list() == [True, False, False]
+    assert c["first_diff"].to_list() == [None, 1, 1]
+    assert c["gap"].to_list() == [None, 0.0004, 2.0]
+    assert c["ok"].to_list() == [True, True, False]  # a near-tie flip passes, a 2.0 gap fails
+
+
+# --------------------------------------------------------------------------------- arrivals, caps
+
+def test_poisson_arrivals_are_seeded_with_the_requested_rate():
+    ss = [sessions.Session(i, ()) for i in range(4000)]
+    a = load._arrivals(ss, 5.0, seed=3)
+    assert a == load._arrivals(ss, 5.0, seed=3) and a != load._arrivals(ss, 5.0, seed=4)
+    gaps = np.diff(a)
+    assert a[0] == 0.0 and (gaps >= 0).all()
+    assert np.mean(gaps) == pytest.approx(1 / 5.0, rel=0.05)
+    assert np.std(gaps) == pytest.approx(1 / 5.0, rel=0.08)  # exponential: std == mean
+
+
+def test_budget_stops_at_the_count_and_at_the_duration():
+    b = load._Budget(3, None, time.perf_counter())
+    assert [b.take() for _ in range(5)] == [0, 1, 2, None, None]
+    b = load._Budget(100, 0.05, time.perf_counter())
+    assert b.take() == 0
+    time.sleep(0.06)
+    assert b.take() is None
+
+
+@pytest.mark.parametrize("kw, msg", [
+    (dict(), "concurrency=N"), (dict(concurrency=0), "positive int"), (dict(rate=-1.0), "positive number"),
+    (dict(concurrency=2, duration=float("inf")), "positive number"),
+    (dict(concurrency=2, num_requests=2.5), "positive int")])
+def test_bad_arguments_say_what_to_pass(kw, msg):
+    with pytest.raises(RequestError, match=msg):
+        kv.load_test("http://127.0.0.1:9", "multi_turn", progress=False, **kw)
+
+
+def test_url_must_be_http():
+    with pytest.raises(RequestError, match="http://"):
+        kv.load_test("127.0.0.1:8080", "multi_turn", concurrency=1)
+
+
+# --------------------------------------------------------------------------------- sessions
+
+def test_chat_sessions_send_the_real_replies_back():
+    ss = sessions.sessions_for("multi_turn", users=2, turns=3)
+    assert [len(s.turns) for s in ss] == [3, 3]
+    assert ss[0].turns[0].messages != ss[1].turns[0].messages  # each user its own seed
+    third = ss[0].turns[2].with_replies(["first reply", "second reply"])
+    assert [m["content"] for m in third if m["role"] == "assistant"] == ["first reply", "second reply"]
+    assert [m["role"] for m in third] == ["system", "user", "assistant", "user", "assistant", "user"]
+    # everything but the assistant messages is the workload's own
+    canned = ss[0].turns[2].messages
+    assert [m for m in third if m["role"] != "assistant"] == [m for m in canned if m["role"] != "assistant"]
+    with pytest.raises(RequestError, match="earlier replies"):
+        ss[0].turns[2].with_replies(["only one"])
+
+
+def test_single_turn_workloads_and_their_errors(qwen_tokenizer):
+    ss = sessions.sessions_for("shared_system_prompt", users=3)
+    assert [len(s.turns) for s in ss] == [1, 1, 1]
+    with pytest.raises(RequestError, match="tokenizer"):
+        sessions.sessions_for("prefix_repetition", users=2)
+    ss = sessions.sessions_for("prefix_repetition", users=4, tokenizer=qwen_tokenizer, prefix_len=64,
+                               suffix_len=16, output_len=4)
+    hf = kv.tokens.hf_tokenizer(qwen_tokenizer)
+    for s in ss:
+        t = s.turns[0]
+        assert t.endpoint == "completions" and len(t.ids) == 80
+        assert hf.encode(t.prompt, add_special_tokens=False) == list(t.ids)
+    with pytest.raises(RequestError, match="unknown workload"):
+        sessions.sessions_for("nope")
+
+
+def test_prefix_repetition_prompts_round_trip_whole(qwen_tokenizer):
+    # seed 2: 3 of 16 prompts whose prefix and suffix merge where they meet when re-encoded
+    hf = kv.tokens.hf_tokenizer(qwen_tokenizer)
+    raw = kv.workloads.prefix_repetition(prefix_len=512, suffix_len=128, num_prompts=16, num_prefixes=1,
+                                         seed=2, tokenizer=qwen_tokenizer)
+    merged = [r for r in raw if hf.encode(hf.decode(list(r.ids)), add_special_tokens=False) != list(r.ids)]
+    assert len(merged) == 3
+    ss = sessions.sessions_for("prefix_repetition", users=16, tokenizer=qwen_tokenizer, seed=2,
+                               prefix_len=512, suffix_len=128)
+    turns = [s.turns[0] for s in ss]
+    for t, r in zip(turns, raw):
+        assert hf.encode(t.prompt, add_special_tokens=False) == list(t.ids) and len(t.ids) == 640
+        assert t.ids[:512] == r.ids[:512]                          # the prefix is never touched
+        assert (t.ids == r.ids) == (r not in merged)               # only the merged ones changed
+
+
+def test_trace_prompts_keep_the_trace_reuse_structure(qwen_tokenizer):
+    frame = pl.DataFrame({"timestamp": [0, 500, 1500, 2000], "input_length": [1200, 1400, 300, 1536],
+                          "output_length": [5, 6, 7, 8], "hash_ids": [[0, 1, 2], [0, 1, 3], [4], [0, 1, 2]]},
+                         schema=kv.traces.SCHEMA)
+    trace = kv.traces.Trace(frame, 512)
+    ss = sessions.trace_sessions(trace, qwen_tokenizer, block_tokens=32, time_scale=0.5)
+    ids = [s.turns[0].ids for s in ss]
+    assert [len(x) for x in ids] == [75, 88, 19, 96]            # ceil(len * 32 / 512)
+    assert [s.at_s for s in ss] == [0.0, 0.25, 0.75, 1.0]       # ms * time_scale -> s
+    assert [s.turns[0].max_tokens for s in ss] == [5, 6, 7, 8]
+    assert ids[0][:64] == ids[1][:64] and ids[0][64] != ids[1][64]  # two shared blocks, then not
+    assert ids[3][:75] == ids[0]                                  # same hash ids, longer cut
+    assert ids[2][:8] != ids[0][:8]                               # another block
+    hf = kv.tokens.hf_tokenizer(qwen_tokenizer)
+    for s in ss:
+        assert hf.encode(s.turns[0].prompt, add_special_tokens=False) == list(s.turns[0].ids)
+    with pytest.raises(TraceError, match="max_prompt_tokens"):
+        sessions.trace_sessions(trace, qwen_tokenizer, block_tokens=32, max_prompt_tokens=90)
+    with pytest.raises(TraceError, match="tokenizer"):
+        sessions.trace_sessions(trace, None)
+
+
+# --------------------------------------------------------------------------------- savings
+
+def test_prefill_fit_recovers_a_known_curve_and_inverts_it():
+    n = np.array([16, 128, 512, 1024, 2048] * 2)
+    t = 20.0 + 0.5 * n + 1e-4 * n * n
+    frame = pl.DataFrame({"ok": [True] * 10, "ttft_ms": t, "prompt_tokens": n})
+    fit = savings.fit_prefill(frame)
+    assert fit.coef == pytest.approx((20.0, 0.5, 1e-4), rel=1e-6)
+    assert fit.prefilled(fit.ttft_ms(700)) == pytest.approx(700)
+    on = pl.DataFrame({"ok": [True, True, True], "ttft_ms": [float(fit.ttft_ms(1024)), 25.0, float(fit.ttft_ms(300))],
+                       "prompt_tokens": [1024, 1024, 1280]})
+    got = savings.infer_reuse(on, fit)
+    assert got["reused_inferred"].to_list() == [0, 1014, 980]
+    with pytest.raises(RequestError, match="3 different"):
+        savings.fit_prefill(frame.filter(pl.col("prompt_tokens") < 200))
