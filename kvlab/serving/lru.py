@@ -49,7 +49,9 @@ class ObservedLRU(Attribution):
             cache, rest = self.cache.fetch_nearest_cache(model_key, tokens)
             reused = len(tokens) - len(rest) if cache is not None else 0
             kind, entry = "miss", None
-            if cache is not None:
+            # mlx-lm can hand back a cache trimmed to 0 tokens (a longer entry sharing nothing
+            # usable, e.g. a one-token prompt): that is a miss, with no entry to name
+            if cache is not None and reused > 0:
                 if found.exact is not None:
                     kind, key = "exact", found.exact
                 elif found.longer is not None and reused > (len(found.shorter) if found.shorter else 0):

@@ -136,3 +136,17 @@ def test_stop_joins_threads_and_frees_the_port(tiny):
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # in TIME_WAIT: that is TCP)
         s.bind(("127.0.0.1", port))
         s.listen()
+
+
+def test_mlx_lru_one_token_prompts_keep_serving(start, client):
+    """mlx-lm's LRUPromptCache hands back a cache trimmed to 0 tokens when a longer entry shares
+    nothing usable (a one-token prompt: the last token is always recomputed). The observer must
+    record a miss and keep the server alive. Mutant caught: naming the entry of a 0-token hit
+    (tuple(None)) kills the generation thread and the second request times out."""
+    server = start("mlx-lru")
+    c = client(server)
+    for _ in range(3):
+        r = c.completions.create(model="tiny", prompt="Hi", max_tokens=2, temperature=0)
+        assert r.usage.prompt_tokens == 1
+    assert [x.reused_tokens for x in server.results] == [0, 0, 0]
+    assert server.events.filter(pl.col("event") == "hit").height == 0
