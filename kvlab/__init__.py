@@ -34,11 +34,13 @@ _LAZY = {
     "Engine": "engine", "Result": "engine",
     "RadixStore": "stores", "PagedStore": "stores", "SystemPromptStore": "stores",
     "MlxLmLRUStore": "stores", "make_store": "stores", "StoreEvent": "stores",
+    "DiskStore": "stores", "TieredStore": "stores",
     "CacheKey": "keys", "cache_key": "keys", "Request": "request", "Workload": "request",
     "simulate": "simulator", "sweep": "simulator",
     "Inspector": "viz.widgets",
 }
-_SUBMODULES = {"workloads", "traces", "viz", "bench", "runner", "grid", "stores", "magics", "keys", "tokens"}
+_SUBMODULES = {"workloads", "traces", "viz", "bench", "runner", "grid", "stores", "magics", "keys", "tokens",
+               "cost"}
 
 _ERRORS = {"BlockSizeError", "BoundaryError", "BudgetError", "ImageError", "KvlabError",
            "ModelNotFoundError", "NotTrimmableError", "RequestError", "SnapshotError",

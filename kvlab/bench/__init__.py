@@ -19,7 +19,7 @@ import platform
 
 from .. import _blas
 from ..errors import KvlabError
-from . import blas, hashing, memory, simulator, snapshot, ttft
+from . import blas, hashing, memory, simulator, snapshot, tiers, ttft
 from .settings import Settings
 from .table import Table, median_range, ms, spread
 
@@ -33,6 +33,7 @@ REGISTRY = {
     "memory": memory,
     "hashing": hashing,
     "simulator": simulator,
+    "tiers": tiers,
 }
 SECTIONS = tuple(REGISTRY)
 

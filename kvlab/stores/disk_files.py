@@ -1,0 +1,107 @@
+"""The files of a DiskStore: checking a kvlab snapshot file from its header alone, and cutting and
+joining paged blocks (attention KV only).
+
+A safetensors file is 8 bytes of header length, a JSON header (tensor offsets and ``__metadata__``)
+and the data. ``kv.save`` writes the metadata kvlab checks: ``kvlab_format``, ``fingerprint``,
+``offset``, ``token_ids``, ``digest``. The header alone tells a truncated file (its size differs
+from what the header describes), a newer format or another model's file; the digest needs the data
+and is checked on load.
+
+Example:
+    >>> why, meta = read_header("kv-cache/ab12.../entries/f00.safetensors")
+    >>> why or int(meta["offset"])
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+
+from ..snapshots import FORMAT_VERSION, LayerState, Snapshot
+
+SUFFIX = ".safetensors"
+TEMP_PREFIX = ".kvlab-"  # kv.save's temp files
+MAX_HEADER = 1 << 26
+
+
+class CorruptFileWarning(UserWarning):
+    """A DiskStore file failed its checks; it was moved aside (``.corrupt``) and not used."""
+
+
+class FingerprintOnly:
+    """What ``kv.load_snapshot`` checks a file against, when all a store knows is the fingerprint."""
+
+    def __init__(self, fingerprint: str):
+        self.fingerprint = fingerprint
+
+    def __repr__(self) -> str:
+        return f"FingerprintOnly({self.fingerprint[:12]})"
+
+    def _repr_html_(self) -> str:
+        return f"<code>{repr(self)}</code>"
+
+
+def read_header(p: Path) -> tuple[str, dict]:
+    """(why the file is unusable, or "", its kvlab metadata) from the header alone.
+
+    Example:
+        >>> read_header(Path("x.safetensors"))[0]
+        ''
+    """
+    try:
+        with open(p, "rb") as f:
+            n = struct.unpack("<Q", f.read(8))[0]
+            if n > MAX_HEADER:
+                return f"a header length of {n} bytes", {}
+            header = json.loads(f.read(n))
+        meta = header.pop("__metadata__")
+        end = max((v["data_offsets"][1] for v in header.values()), default=0)
+        size = p.stat().st_size
+        if size != 8 + n + end:
+            return f"{size} bytes on disk, its header describes {8 + n + end} (truncated?)", {}
+        version = int(meta["kvlab_format"])
+        int(meta["offset"]), json.loads(meta["token_ids"])
+    except (OSError, ValueError, KeyError, TypeError, struct.error, AttributeError) as e:
+        return f"unreadable header ({type(e).__name__}: {e})", {}
+    if version > FORMAT_VERSION:
+        return f"snapshot format {version} is newer than this kvlab's {FORMAT_VERSION}", {}
+    return "", meta
+
+
+def as_ids(ids) -> np.ndarray:
+    """Token ids as int64 [n] (compact to keep in an index, fast to compare)."""
+    return np.asarray(ids, dtype=np.int64)
+
+
+def cut_block(snap: Snapshot, i: int, block_size: int, ids) -> Snapshot:
+    """Block ``i`` of an attention-only snapshot: its own [batch, heads, block_size, dim] KV.
+
+    Example:
+        >>> cut_block(snap, 0, 16, key.ids[:16]).offset
+        16
+    """
+    s, e = i * block_size, (i + 1) * block_size
+    kv = [(layer.state[0][..., s:e, :], layer.state[1][..., s:e, :]) for layer in snap.layers]
+    layers = tuple(LayerState("KVCache", (k, v, block_size), block_size, k.nbytes + v.nbytes) for k, v in kv)
+    return Snapshot(layers, block_size, tuple(int(t) for t in ids), snap.fingerprint)
+
+
+def concat_blocks(blocks: list[Snapshot], ids) -> Snapshot:
+    """One snapshot of consecutive block snapshots (attention KV only), in order.
+
+    Example:
+        >>> concat_blocks(disk.load_blocks(key, 64), key.ids[:64]).offset
+        64
+    """
+    n = sum(b.offset for b in blocks)
+    layers = []
+    for i in range(len(blocks[0].layers)):
+        k = mx.concatenate([b.layers[i].state[0] for b in blocks], axis=2)
+        v = mx.concatenate([b.layers[i].state[1] for b in blocks], axis=2)
+        layers.append(LayerState("KVCache", (k, v, n), n, k.nbytes + v.nbytes))
+    mx.eval([layer.state[:2] for layer in layers])
+    return Snapshot(tuple(layers), n, tuple(ids), blocks[0].fingerprint)
