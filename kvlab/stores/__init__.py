@@ -10,7 +10,7 @@ from .base import Match, Store, StoreEvent
 from .radix import RadixStore
 
 __all__ = ["Match", "Store", "StoreEvent", "RadixStore", "PagedStore", "SystemPromptStore",
-           "MlxLmLRUStore", "DiskStore", "TieredStore", "STORE_NAMES", "make_store"]
+           "MlxLmLRUStore", "DiskStore", "TieredStore", "hits_by_tier", "STORE_NAMES", "make_store"]
 
 STORE_NAMES = ("radix", "paged", "system", "mlx-lru", "disk", "tiered", "none")
 
@@ -84,8 +84,8 @@ def __getattr__(name):
         from .disk import DiskStore
 
         return DiskStore
-    if name == "TieredStore":
-        from .tiered import TieredStore
+    if name in ("TieredStore", "hits_by_tier"):
+        from . import tiered
 
-        return TieredStore
+        return getattr(tiered, name)
     raise AttributeError(name)

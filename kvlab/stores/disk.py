@@ -29,7 +29,6 @@ Example:
 from __future__ import annotations
 
 import html
-import json
 import os
 import shutil
 import time
@@ -46,8 +45,8 @@ from ..snapshots import Snapshot, load_snapshot, save
 from ..tokens import Tokens
 from ..units import fmt_bytes
 from .base import MISS, EventLog, Match, StoreBase, check_budget, too_big
-from .disk_files import (SUFFIX, TEMP_PREFIX, CorruptFileWarning, FingerprintOnly, as_ids, concat_blocks,
-                         cut_block, read_header)
+from .disk_files import (SUFFIX, TEMP_PREFIX, CorruptFileWarning, FingerprintOnly, as_ids, check_file,
+                         concat_blocks, cut_block)
 
 __all__ = ["DiskStore", "DiskEntry", "CorruptFileWarning", "concat_blocks"]
 STALE_TEMP_S = 600  # a temp file older than this is a killed writer's leftover, removed on open
@@ -56,7 +55,7 @@ STALE_TEMP_S = 600  # a temp file older than this is a killed writer's leftover,
 @dataclass(eq=False)
 class DiskEntry:
     """One indexed file: hash name, path, tokens, bytes on disk, recency (mtime, ns), and for
-    entries whose key has no namespace (``plain``) their ids (int32 [tokens]) for LCP lookups."""
+    entries whose key has no namespace (``plain``) their ids (int64 [tokens]) for LCP lookups."""
 
     name: str
     path: Path
@@ -68,6 +67,9 @@ class DiskEntry:
 
     def __repr__(self) -> str:
         return f"DiskEntry({self.name[:12]}, {self.tokens} tokens, {fmt_bytes(self.nbytes)})"
+
+    def _repr_html_(self) -> str:
+        return f"<code>{html.escape(repr(self))}</code>"
 
 
 class DiskStore(StoreBase):
@@ -132,29 +134,15 @@ class DiskStore(StoreBase):
             if not p.name.endswith(SUFFIX):
                 continue
             name = p.name[: -len(SUFFIX)]
-            why, tokens, ids = self._check_header(p)
-            if why:
+            why, tokens, ids = check_file(p, self.fingerprint, self.block_size)
+            if why and p.exists():  # (a file another process just evicted is simply gone)
                 self._quarantine(p, name, why)
+            if why:
                 continue
             st = p.stat()
             plain = ids is not None and CacheKey(tuple(ids)).digest() == name
             self._add(DiskEntry(name, p, tokens, st.st_size, st.st_mtime_ns, as_ids(ids) if plain else None))
         self._evict(protect=set())
-
-    def _check_header(self, p: Path) -> tuple[str, int, list | None]:
-        """(why the file is unusable or "", its tokens, its token ids), from its header alone."""
-        why, meta = read_header(p)
-        if why:
-            return why, 0, None
-        tokens = int(meta["offset"])
-        ids = json.loads(meta["token_ids"]) if self.block_size is None else None
-        if meta.get("fingerprint") != self.fingerprint:
-            why = f"made by model {str(meta.get('fingerprint'))[:12]}, in the folder of {self.fingerprint[:12]}"
-        elif self.block_size is not None and tokens != self.block_size:
-            why = f"a block of {tokens} tokens in a folder of {self.block_size}-token blocks"
-        elif ids is not None and len(ids) != tokens:
-            why = f"{len(ids)} token ids for {tokens} tokens"
-        return why, tokens, ids
 
     def _add(self, e: DiskEntry) -> None:
         self._index[e.name] = e
@@ -246,7 +234,7 @@ class DiskStore(StoreBase):
         """Make ``chain`` most recent, its head newest (so its tail is evicted first)."""
         now = time.time_ns()
         for i, e in enumerate(chain):
-            e.mtime_ns = now - (len(chain) - 1 - i) * 1000
+            e.mtime_ns = now - i * 1000
             try:
                 os.utime(e.path, ns=(e.mtime_ns, e.mtime_ns))
             except FileNotFoundError:
@@ -265,6 +253,10 @@ class DiskStore(StoreBase):
                          capacity=True, tier="disk")
 
     # -- reading ----------------------------------------------------------------------------------
+    def get(self, name: str) -> DiskEntry | None:
+        """The indexed file of this hash name, if any."""
+        return self._index.get(name)
+
     def load(self, e: DiskEntry, ids) -> Snapshot | None:
         """The snapshot in ``e``'s file, checked (model, digest, token ids ``ids``); None, and the
         file moved aside and reported, if it fails; None if another process removed it."""

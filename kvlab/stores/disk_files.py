@@ -72,6 +72,28 @@ def read_header(p: Path) -> tuple[str, dict]:
     return "", meta
 
 
+def check_file(p: Path, fingerprint: str, block_size: int | None) -> tuple[str, int, list | None]:
+    """(why the file cannot serve a DiskStore of this model and block size, or ""; its tokens; its
+    token ids, for whole-entry stores) from its header alone.
+
+    Example:
+        >>> check_file(p, m.fingerprint, None)[0]
+        ''
+    """
+    why, meta = read_header(p)
+    if why:
+        return why, 0, None
+    tokens = int(meta["offset"])
+    ids = json.loads(meta["token_ids"]) if block_size is None else None
+    if meta.get("fingerprint") != fingerprint:
+        why = f"made by model {str(meta.get('fingerprint'))[:12]}, in the folder of {fingerprint[:12]}"
+    elif block_size is not None and tokens != block_size:
+        why = f"a block of {tokens} tokens in a folder of {block_size}-token blocks"
+    elif ids is not None and len(ids) != tokens:
+        why = f"{len(ids)} token ids for {tokens} tokens"
+    return why, tokens, ids
+
+
 def as_ids(ids) -> np.ndarray:
     """Token ids as int64 [n] (compact to keep in an index, fast to compare)."""
     return np.asarray(ids, dtype=np.int64)

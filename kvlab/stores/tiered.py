@@ -70,7 +70,7 @@ class TieredStore(StoreBase):
         self._recent: OrderedDict[str, CacheKey] = OrderedDict()  # paged: keys inserted, for flush
         self._current: CacheKey | None = None  # the key of the RAM insert in progress
         self.counts = dict.fromkeys(("lookups", "hits_ram", "hits_disk", "tokens_ram", "tokens_disk",
-                                     "promotions", "demotions", "persisted"), 0)
+                                     "tokens_read_from_disk", "promotions", "demotions", "persisted"), 0)
 
     # -- the Store protocol -----------------------------------------------------------------------
     @property
@@ -126,8 +126,8 @@ class TieredStore(StoreBase):
         if m.tokens > 0:
             tier = "disk" if from_disk else "ram"
             self.counts[f"hits_{tier}"] += 1
-            self.counts["tokens_ram"] += m.tokens - from_disk
-            self.counts["tokens_disk"] += from_disk
+            self.counts[f"tokens_{tier}"] += m.tokens
+            self.counts["tokens_read_from_disk"] += from_disk
             self.log.add("tier_hit", tokens=m.tokens, entry=entry, tier=tier)
         return m
 
@@ -218,8 +218,9 @@ class TieredStore(StoreBase):
 
     # -- looking ----------------------------------------------------------------------------------
     def stats(self) -> dict:
-        """Lookups, hits and tokens served per tier (they sum to the totals), moves between tiers,
-        and each tier's bytes and entries."""
+        """Lookups; hits and their tokens per serving tier (a hit is the disk's when any of its
+        tokens came from disk; they sum to ``hits`` and ``tokens``); tokens read from disk; moves
+        between tiers; each tier's bytes and entries."""
         c = dict(self.counts)
         c["hits"] = c["hits_ram"] + c["hits_disk"]
         c["tokens"] = c["tokens_ram"] + c["tokens_disk"]
