@@ -49,6 +49,24 @@ def test_kv_served_from_disk_gives_the_cold_logits_and_tiers_add_up(tiny, tmp_pa
     assert ev.filter(pl.col("event") == "demote")["detail"].to_list() == ["disk"] * s["demotions"]
 
 
+def test_a_hybrid_model_reuses_its_checkpoints_from_disk(tmp_path):
+    # lfm2 (conv + attention): not trimmable, so only checkpoints taken exactly at a boundary serve
+    m = kv.load("tiny-hybrid")
+    wl = kv.workloads.shared_system_prompt(num_users=4, system_tokens=100)
+    one = kv.snapshot(kv.prefill(m, m.tokenise(list(wl.requests[0].messages)).ids)[1]).nbytes
+    store = kv.make_store("tiered", budget_bytes=int(2.5 * one), disk_path=tmp_path, model=m)
+    engine = kv.Engine(m, store, verify=True)
+    for _ in range(2):
+        engine.run_all(wl.requests, max_tokens=2)
+    r = engine.results
+    assert max(x.verify_diff for x in r) < TOL
+    system_end = r[1].reused_tokens
+    assert r[0].reused_tokens == 0 and [x.reused_tokens for x in r[1:4]] == [system_end] * 3
+    assert [x.reused_tokens for x in r[4:]] == [x.prompt_tokens - 1 for x in r[4:]]  # n-1 checkpoints
+    s = store.stats()
+    assert s["hits"] == 7 and s["tokens"] == engine.stats()["reused_tokens"] and s["hits_disk"] >= 4
+
+
 RUN = """
 import json, sys
 import kvlab as kv
