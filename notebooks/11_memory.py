@@ -40,7 +40,7 @@ import polars as pl
 # %% tags=["parameters"]
 model = "tiny"                 # "smollm2": the embedded SmolLM2-135M-Instruct
 ram_prompts = 1.25             # RAM tier budget, in prompts' worth of KV: most reuse must come from disk
-disk_path = ""                 # "" = a fresh temporary folder, removed at the end
+disk_path = ""                 # a folder to keep the files in; empty: a temporary one, removed at the end
 prefix_len = 64                # the tier workload: vLLM's prefix_repetition
 suffix_len = 32
 num_prompts = 6
@@ -51,7 +51,7 @@ fit_cached = [0, 256, 1024, 2048]   # the cost model's grid (cached tokens x new
 fit_new = [16, 64, 256, 1024]
 fit_holdout = 6                # random points between the grid's, never fitted on
 fit_repeats = 3
-sweep_capacities = [0, 1024, 2048, 4096, 8192, None]   # tokens; None = unbounded
+sweep_capacities = [0, 1024, 2048, 4096, 8192, None]   # tokens (None: unbounded)
 crossover_lengths = [256, 1024]
 crossover_repeats = 3
 results_path = "results.parquet"
