@@ -45,8 +45,8 @@ from ..snapshots import Snapshot, load_snapshot, save
 from ..tokens import Tokens
 from ..units import fmt_bytes
 from .base import MISS, EventLog, Match, StoreBase, check_budget, too_big
-from .disk_files import (SUFFIX, TEMP_PREFIX, CorruptFileWarning, FingerprintOnly, as_ids, check_file,
-                         concat_blocks, cut_block)
+from .disk_files import (PAGEABLE, SUFFIX, TEMP_PREFIX, CorruptFileWarning, FingerprintOnly, as_ids,
+                         check_file, concat_blocks, cut_block)
 
 __all__ = ["DiskStore", "DiskEntry", "CorruptFileWarning", "concat_blocks"]
 STALE_TEMP_S = 600  # a temp file older than this is a killed writer's leftover, removed on open
@@ -200,7 +200,7 @@ class DiskStore(StoreBase):
         return self._write(name, snap, snap.token_ids, kind)
 
     def _put_blocks(self, key: CacheKey, snap: Snapshot, kind: str) -> int:
-        if any(layer.kind != "KVCache" for layer in snap.layers):
+        if any(layer.kind not in PAGEABLE for layer in snap.layers):
             return 0  # only attention KV can be cut into blocks (PagedStore says why on lookup)
         bs, written, chain = self.block_size, 0, []
         for i, h in enumerate(key.block_hashes(bs, snap.offset)):

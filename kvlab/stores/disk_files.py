@@ -20,7 +20,9 @@ from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
+from mlx.utils import tree_flatten, tree_map
 
+from ..errors import SnapshotError
 from ..snapshots import FORMAT_VERSION, LayerState, Snapshot
 
 SUFFIX = ".safetensors"
@@ -99,17 +101,31 @@ def as_ids(ids) -> np.ndarray:
     return np.asarray(ids, dtype=np.int64)
 
 
+PAGEABLE = ("KVCache", "QuantizedKVCache")  # layers whose state is (keys, values, offset, ...)
+
+
 def cut_block(snap: Snapshot, i: int, block_size: int, ids) -> Snapshot:
-    """Block ``i`` of an attention-only snapshot: its own [batch, heads, block_size, dim] KV.
+    """Block ``i`` of an attention-only snapshot: its own copy of the KV of its tokens (every
+    array of keys and values has the token axis at -2: [batch, heads, tokens, dim], or packed
+    words, scales and biases for quantized layers, whose group size and bits ride along).
 
     Example:
         >>> cut_block(snap, 0, 16, key.ids[:16]).offset
         16
     """
     s, e = i * block_size, (i + 1) * block_size
-    kv = [(layer.state[0][..., s:e, :], layer.state[1][..., s:e, :]) for layer in snap.layers]
-    layers = tuple(LayerState("KVCache", (k, v, block_size), block_size, k.nbytes + v.nbytes) for k, v in kv)
-    return Snapshot(layers, block_size, tuple(int(t) for t in ids), snap.fingerprint)
+    layers = []
+    for layer in snap.layers:
+        kv = tree_map(lambda a: mx.contiguous(a[..., s:e, :]), tuple(layer.state[:2]))
+        nbytes = sum(a.nbytes for _, a in tree_flatten(kv))
+        layers.append(LayerState(layer.kind, (*kv, block_size, *layer.state[3:]), block_size, nbytes))
+    return Snapshot(tuple(layers), block_size, tuple(int(t) for t in ids), snap.fingerprint)
+
+
+def _cat(parts):
+    if isinstance(parts[0], mx.array):
+        return mx.concatenate(parts, axis=-2)
+    return tuple(_cat([p[j] for p in parts]) for j in range(len(parts[0])))
 
 
 def concat_blocks(blocks: list[Snapshot], ids) -> Snapshot:
@@ -121,9 +137,13 @@ def concat_blocks(blocks: list[Snapshot], ids) -> Snapshot:
     """
     n = sum(b.offset for b in blocks)
     layers = []
-    for i in range(len(blocks[0].layers)):
-        k = mx.concatenate([b.layers[i].state[0] for b in blocks], axis=2)
-        v = mx.concatenate([b.layers[i].state[1] for b in blocks], axis=2)
-        layers.append(LayerState("KVCache", (k, v, n), n, k.nbytes + v.nbytes))
-    mx.eval([layer.state[:2] for layer in layers])
+    for i, first in enumerate(blocks[0].layers):
+        if any(b.layers[i].kind != first.kind or tuple(b.layers[i].state[3:]) != tuple(first.state[3:])
+               for b in blocks):
+            raise SnapshotError(f"layer {i}: these blocks hold KV of different formats; keep one "
+                                "DiskStore per KV format")
+        kv = tuple(_cat([b.layers[i].state[j] for b in blocks]) for j in (0, 1))
+        nbytes = sum(a.nbytes for _, a in tree_flatten(kv))
+        layers.append(LayerState(first.kind, (*kv, n, *first.state[3:]), n, nbytes))
+    mx.eval([a for layer in layers for _, a in tree_flatten(layer.state[:2])])
     return Snapshot(tuple(layers), n, tuple(ids), blocks[0].fingerprint)

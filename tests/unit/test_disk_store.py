@@ -238,3 +238,27 @@ def test_a_file_under_another_keys_name_is_never_served(tmp_path):
     with pytest.warns(CorruptFileWarning, match="token ids differ"):
         m = again.lookup(key_of(b + [1]), None, limit=40)
     assert m.kind == "miss" and again.entries == 1
+
+
+def test_blocks_cut_and_join_any_keys_values_layout():
+    import mlx.core as mx
+    import numpy as np
+
+    from kvlab.errors import SnapshotError as SnapErr
+    from kvlab.snapshots import LayerState, Snapshot
+    from kvlab.stores.disk_files import concat_blocks, cut_block
+
+    # a quantized-style layer: keys and values are (packed words, scales, biases), token axis -2,
+    # with (group size, bits) after the offset
+    arrays = [mx.arange(32 * w).reshape(1, 2, 16, w).astype(mx.float32) for w in (8, 2, 2, 8, 2, 2)]
+    layer = LayerState("QuantizedKVCache", (tuple(arrays[:3]), tuple(arrays[3:]), 16, 64, 4), 16, 0)
+    snap = Snapshot((layer,), 16, tuple(range(16)), FP)
+    blocks = [cut_block(snap, i, 8, range(i * 8, i * 8 + 8)) for i in (0, 1)]
+    assert blocks[1].layers[0].state[2:] == (8, 64, 4) and blocks[1].token_ids == tuple(range(8, 16))
+    joined = concat_blocks(blocks, range(16)).layers[0]
+    assert joined.kind == "QuantizedKVCache" and joined.state[2:] == (16, 64, 4)
+    got = [a for part in joined.state[:2] for a in part]
+    assert all(np.array_equal(np.array(a), np.array(b)) for a, b in zip(got, arrays))
+    assert joined.nbytes == sum(a.nbytes for a in arrays)
+    with pytest.raises(SnapErr, match="different formats"):
+        concat_blocks([blocks[0], snap_of(seq(1, 8), layers=1)], range(16))
