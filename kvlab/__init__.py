@@ -34,6 +34,7 @@ _LAZY = {
     "Engine": "engine", "Result": "engine",
     "RadixStore": "stores", "PagedStore": "stores", "SystemPromptStore": "stores",
     "MlxLmLRUStore": "stores", "make_store": "stores", "StoreEvent": "stores",
+    "DiskStore": "stores", "TieredStore": "stores",
     "CacheKey": "keys", "cache_key": "keys", "Request": "request", "Workload": "request",
     "simulate": "simulator", "sweep": "simulator",
     "quantize": "quantization", "dequantize": "quantization", "quantization_sweep": "quantization",
@@ -43,7 +44,7 @@ _LAZY = {
     "load_test": "serving.load",
 }
 _SUBMODULES = {"workloads", "traces", "viz", "bench", "runner", "grid", "stores", "magics", "keys", "tokens",
-               "serving"}
+               "serving", "cost"}
 
 _ERRORS = {"BlockSizeError", "BoundaryError", "BudgetError", "ImageError", "KvlabError",
            "ModelNotFoundError", "NotTrimmableError", "QuantizationError", "RequestError", "SnapshotError",

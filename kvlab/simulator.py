@@ -96,13 +96,14 @@ class SimResult:
 
 def simulate(source, policy: str = "lru", capacity_tokens: int | None = None,
              block_size: int | None = None, *, passes: int = 1, tokenizer=None,
-             engine: str = "auto") -> SimResult:
+             engine: str = "auto", cost=None) -> SimResult:
     """Replay a trace or workload through a cache policy; no model involved.
 
     ``source`` is a ``Trace``, a trace path, a ``Workload`` or a list of token-id sequences.
     ``capacity_tokens=None`` (or ``inf``) is unbounded. ``block_size`` defaults to the trace's
     (512 for Mooncake) or 16 for workloads. ``passes`` replays the source that many times into
     the same cache (pass 2 on is "warm"). ``engine="python"`` runs the plain reference replay.
+    ``cost`` (a ``kv.cost.fit`` model) adds estimated prefill seconds and TTFT saved.
 
     Example:
         >>> wl = kv.workloads.prefix_repetition(prefix_len=512, suffix_len=128, num_prompts=50,
@@ -118,7 +119,8 @@ def simulate(source, policy: str = "lru", capacity_tokens: int | None = None,
     cap = _blocks_of(tokens, rep.block_size)
     run = replay_python if engine == "python" else replay_kernel
     hits, evictions = run(rep, policy, cap)
-    return _result(rep, policy, tokens, hits, evictions)
+    result = _result(rep, policy, tokens, hits, evictions)
+    return result if cost is None else cost.annotate(result)
 
 
 def sweep(source, policy: str = "lru", capacities: Sequence = (), block_size: int | None = None,

@@ -19,7 +19,7 @@ import platform
 
 from .. import _blas
 from ..errors import KvlabError
-from . import blas, hashing, memory, quantization, serving, simulator, snapshot, ttft
+from . import blas, hashing, memory, quantization, serving, simulator, snapshot, tiers, ttft
 from .settings import Settings
 from .table import Table, median_range, ms, spread
 
@@ -35,6 +35,7 @@ REGISTRY = {
     "simulator": simulator,
     "quantization": quantization,
     "serving": serving,
+    "tiers": tiers,
 }
 SECTIONS = tuple(REGISTRY)
 

@@ -1,35 +1,55 @@
-"""Prefix-cache stores: one protocol (stores.base.Store), four designs, made by name.
+"""Prefix-cache stores: one protocol (stores.base.Store), four designs and a disk tier, made by name.
 
 Example:
     >>> store = kv.stores.make_store("paged", block_size=16)
     >>> kv.stores.STORE_NAMES
-    ('radix', 'paged', 'system', 'mlx-lru', 'none')
+    ('radix', 'paged', 'system', 'mlx-lru', 'disk', 'tiered', 'none')
 """
 
 from .base import Match, Store, StoreEvent
 from .radix import RadixStore
 
 __all__ = ["Match", "Store", "StoreEvent", "RadixStore", "PagedStore", "SystemPromptStore",
-           "MlxLmLRUStore", "STORE_NAMES", "make_store"]
+           "MlxLmLRUStore", "DiskStore", "TieredStore", "hits_by_tier", "STORE_NAMES", "make_store"]
 
-STORE_NAMES = ("radix", "paged", "system", "mlx-lru", "none")
+STORE_NAMES = ("radix", "paged", "system", "mlx-lru", "disk", "tiered", "none")
 
 
 def make_store(name: str, *, budget_bytes: int | None = None, block_size: int = 16,
-               max_size: int = 10):
+               max_size: int = 10, disk_path=None, disk_budget_bytes: int | None = None,
+               model=None, ram: str = "radix", write_through: bool = False):
     """A fresh store by its short name (``"none"``: no store, the cold baseline).
 
     ``budget_bytes`` caps every store's bytes (default 25% of RAM; for ``mlx-lru`` unbounded
     bytes, ``max_size`` entries as in mlx-lm's server); ``block_size`` is the paged store's.
+    ``disk`` and ``tiered`` need ``disk_path`` (a folder) and ``model`` (whose files it serves);
+    ``disk_budget_bytes`` caps the files (default a quarter of the free disk); ``tiered`` puts a
+    ``ram`` store (``radix`` or ``paged``, of ``budget_bytes``) in front of the disk.
 
     Example:
         >>> make_store("radix", budget_bytes=64 << 20)
         RadixStore(0 entries, 0.0 of 64 MiB, 0 evictions)
+        >>> make_store("tiered", budget_bytes=64 << 20, disk_path="kv-cache", model=m)
     """
     from ..errors import KvlabError
 
     if name == "none":
         return None
+    if name in ("disk", "tiered"):
+        from .disk import DiskStore
+
+        if disk_path is None:
+            raise KvlabError(f"store {name!r} needs disk_path=<a folder for its files>")
+        if name == "disk":
+            return DiskStore(disk_path, disk_budget_bytes or budget_bytes, model=model)
+        if ram not in ("radix", "paged"):
+            raise KvlabError(f"a tiered store's ram must be 'radix' or 'paged', got {ram!r}")
+        from .tiered import TieredStore
+
+        disk = DiskStore(disk_path, disk_budget_bytes, model=model,
+                         block_size=block_size if ram == "paged" else None)
+        return TieredStore(make_store(ram, budget_bytes=budget_bytes, block_size=block_size), disk,
+                           write_through=write_through)
     if name == "radix":
         return RadixStore(budget_bytes)
     if name == "paged":
@@ -60,4 +80,12 @@ def __getattr__(name):
         from .mlx_lm_lru import MlxLmLRUStore
 
         return MlxLmLRUStore
+    if name == "DiskStore":
+        from .disk import DiskStore
+
+        return DiskStore
+    if name in ("TieredStore", "hits_by_tier"):
+        from . import tiered
+
+        return getattr(tiered, name)
     raise AttributeError(name)

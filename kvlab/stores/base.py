@@ -50,6 +50,8 @@ class StoreEvent:
     (paged blocks). ``kind`` is an insert's kind (``prompt``, ``prompt+output``, ``checkpoint``,
     ``system``); ``reason`` says why something left: the eviction policy's name when it left to
     make room (then ``capacity`` is True), else ``subsumed``, ``replaced`` or ``invalidated``.
+    ``tier`` names the tier of a tiered store an event belongs to (``ram``, ``disk``; None for
+    single-tier stores); ``detail`` falls back to it, so a ``tier_hit`` row says who served.
     """
 
     event: str
@@ -60,11 +62,13 @@ class StoreEvent:
     reason: str | None = None
     capacity: bool = False
     t: float = field(default_factory=time.perf_counter)
+    tier: str | None = None
 
     @property
     def detail(self) -> str | None:
-        """The Engine's ``detail`` column: the reason for removals, the kind for inserts."""
-        return self.reason or self.kind
+        """The Engine's ``detail`` column: the reason for removals, the kind for inserts, else
+        the tier (``tier_hit``, ``promote``, ``demote``)."""
+        return self.reason or self.kind or self.tier
 
     def __repr__(self) -> str:
         why = f" {self.detail}" if self.detail else ""
@@ -104,9 +108,10 @@ class EventLog:
         self.rows: list[StoreEvent] = []
 
     def add(self, event: str, *, tokens: int = 0, nbytes: int = 0, entry=None, kind: str | None = None,
-            reason: str | None = None, capacity: bool = False) -> None:
+            reason: str | None = None, capacity: bool = False, tier: str | None = None) -> None:
         self.rows.append(StoreEvent(event, int(tokens), int(nbytes),
-                                    None if entry is None else str(entry), kind, reason, capacity))
+                                    None if entry is None else str(entry), kind, reason, capacity,
+                                    tier=tier))
 
     def drain(self) -> list[StoreEvent]:
         rows, self.rows = self.rows, []

@@ -72,7 +72,7 @@ class PagedStore(StoreBase):
     name = "paged"
 
     def __init__(self, block_size: int = 16, num_blocks: int | None = None, *,
-                 budget_bytes: int | None = None):
+                 budget_bytes: int | None = None, on_evict=None):
         if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size <= 0:
             raise BlockSizeError(f"block_size must be a positive int (vLLM uses 16), got {block_size!r}")
         if num_blocks is not None and (isinstance(num_blocks, bool) or not isinstance(num_blocks, int)
@@ -90,6 +90,7 @@ class PagedStore(StoreBase):
         self._unpageable = ""  # why the last snapshot offered could not be paged
         self.evictions = 0
         self.log = EventLog()
+        self.on_evict = on_evict  # on_evict(block_hash_hex, block snapshot) before a block leaves
 
     # -- protocol ---------------------------------------------------------------------------------
     @property
@@ -188,7 +189,10 @@ class PagedStore(StoreBase):
         if not self._free:
             # unreachable after insert's size checks: every other block is free between requests
             raise BudgetError("paged: every block is referenced; raise num_blocks or budget_bytes")
-        h, block = self._free.popitem(last=False)
+        h, block = next(iter(self._free.items()))
+        if self.on_evict is not None:
+            self.on_evict(h.hex(), self._gather([block], block.token_ids))  # hand it over first
+        del self._free[h]
         del self._blocks[h]
         self._bytes -= block.nbytes
         self.evictions += 1

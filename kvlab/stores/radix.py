@@ -64,9 +64,10 @@ class RadixStore(StoreBase):
 
     name = "radix"
 
-    def __init__(self, budget_bytes: int | None = None, *, subsume: bool = True):
+    def __init__(self, budget_bytes: int | None = None, *, subsume: bool = True, on_evict=None):
         self.budget_bytes = check_budget(budget_bytes if budget_bytes is not None else default_budget())
         self.subsume = subsume
+        self.on_evict = on_evict  # on_evict(entry_id: str, snapshot) before an entry leaves for room
         self._ids = itertools.count(1)
         self._clock = itertools.count(1)
         self.root = Node((), None, 0, id=0)
@@ -199,10 +200,12 @@ class RadixStore(StoreBase):
         return node
 
     def _drop(self, entry: Entry, node: Node, reason: str) -> None:
+        capacity = reason not in NON_CAPACITY_REASONS
+        if capacity and self.on_evict is not None:
+            self.on_evict(str(entry.id), entry.snapshot)  # hand it over (a tier demotes it) first
         node.entry = None
         del self._entries[entry.id]
         self._bytes -= entry.nbytes
-        capacity = reason not in NON_CAPACITY_REASONS
         self.log.add("evict", tokens=entry.tokens, nbytes=entry.nbytes, entry=entry.id, reason=reason,
                      capacity=capacity)
         if capacity:

@@ -1,0 +1,215 @@
+# ---
+# jupyter:
+#   jupytext:
+#     notebook_metadata_filter: -jupytext.text_representation.jupytext_version
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#   kernelspec:
+#     display_name: Python (kvlab)
+#     language: python
+#     name: kvlab
+# ---
+
+# %% [markdown]
+# # 11 · Memory: quantized KV, a disk tier, and what a hit is worth in seconds
+#
+# A prefix cache trades memory for prefill time. This notebook looks at both sides:
+#
+# 1. **Quantized KV caches** (reserved: added by the quantization work);
+# 2. **Tiers**: a RAM store in front of a `kv.DiskStore` (one safetensors file per entry). RAM
+#    evictions are demoted to disk, disk hits promoted back; every hit says which tier served it.
+#    A second Engine over a fresh store on the same folder shows the cache surviving a restart;
+# 3. **Cost**: a prefill cost model fitted on this machine turns hit rates into seconds: its fit,
+#    its residuals on held-out points, a capacity sweep in seconds, and when loading a prefix from
+#    RAM or disk beats recomputing it.
+#
+# Defaults run in a minute or two on the tiny random-weight model; set `model = "smollm2"` for the
+# embedded SmolLM2-135M-Instruct (the RAM budget scales with it: about one prompt).
+
+# %%
+import kvlab as kv  # first: loads OpenBLAS before MLX (~40x faster float32 matmuls on Linux)
+import shutil
+import tempfile
+from pathlib import Path
+
+import plotly.graph_objects as go
+import polars as pl
+
+# %% tags=["parameters"]
+model = "tiny"                 # "smollm2": the embedded SmolLM2-135M-Instruct
+ram_prompts = 1.25             # RAM tier budget, in prompts' worth of KV: most reuse must come from disk
+disk_path = ""                 # a folder to keep the files in; empty: a temporary one, removed at the end
+prefix_len = 64                # the tier workload: vLLM's prefix_repetition
+suffix_len = 32
+num_prompts = 6
+num_prefixes = 3
+passes = 2
+max_tokens = 2
+fit_cached = [0, 256, 1024, 2048]   # the cost model's grid (cached tokens x new tokens)
+fit_new = [16, 64, 256, 1024]
+fit_holdout = 6                # random points between the grid's, never fitted on
+fit_repeats = 3
+sweep_capacities = [0, 1024, 2048, 4096, 8192, None]   # tokens (None: unbounded)
+crossover_lengths = [256, 1024]
+crossover_repeats = 3
+results_path = "results.parquet"
+
+# %% [markdown]
+# ## 1 · Quantized KV caches
+#
+# > **Reserved for the quantization work (issue 13, section 1).** KL divergence against bytes per
+# > token (one curve per group size) and the error that reuse adds on top of quantization go here,
+# > with their rows in the results table (`section = "quantization"`).
+
+# %% [markdown]
+# ## 2 · Tiers: RAM in front of disk
+#
+# The RAM tier (a `RadixStore`) holds about `ram_prompts` prompts; what it evicts is written to the
+# disk tier before it is dropped (`demote`), and a lookup that the disk serves better loads the
+# file (digest and model checked) and puts it back in RAM (`promote`). The Engine verifies every
+# reused request against a cold prefill.
+
+# %%
+m = kv.load(model)
+folder = Path(disk_path) if disk_path else Path(tempfile.mkdtemp(prefix="kvlab-11-"))
+wl = kv.workloads.prefix_repetition(prefix_len=prefix_len, suffix_len=suffix_len, num_prompts=num_prompts,
+                                    num_prefixes=num_prefixes, seed=0)
+prompt_bytes = kv.snapshot(kv.prefill(m, wl.requests[0].ids)[1]).nbytes
+ram_budget = int(ram_prompts * prompt_bytes)
+print(f"one prompt's KV: {prompt_bytes:,} B; RAM tier budget {ram_budget:,} B; disk folder {folder}")
+
+
+def tiered():
+    return kv.make_store("tiered", budget_bytes=ram_budget, disk_path=folder, model=m)
+
+
+def run(store, passes):
+    engine = kv.Engine(m, store, verify=True, max_tokens=max_tokens)
+    for p in range(1, passes + 1):
+        engine.run_all(wl.requests)
+    hits = engine.events.filter(pl.col("event") == "tier_hit").select(
+        pl.col("request").alias("request_id"), pl.col("detail").alias("tier"))
+    per_request = (engine.results_frame()
+                   .select("request_id", "prompt_tokens", "reused_tokens", "match", "verify_diff")
+                   .join(hits, on="request_id", how="left")
+                   .with_columns(((pl.col("request_id") - 1) // len(wl.requests) + 1).alias("pass"),
+                                 pl.col("tier").fill_null("miss")))
+    return engine, per_request
+
+
+store = tiered()
+engine, first = run(store, passes)
+store.close()  # flush what is still only in RAM, so a restart finds it
+print(store, store.stats(), sep="\n")
+first
+
+# %%
+by_tier = kv.stores.hits_by_tier(engine.events)
+by_tier
+
+# %%
+per_pass = first.group_by("pass", "tier").agg(pl.len().alias("requests"), pl.col("reused_tokens").sum())
+fig = go.Figure([go.Bar(name=tier, x=[f"pass {p}" for p in sorted(first["pass"].unique())],
+                        y=[per_pass.filter((pl.col("pass") == p) & (pl.col("tier") == tier))["requests"].sum()
+                           for p in sorted(first["pass"].unique())])
+                 for tier in ("ram", "disk", "miss")])
+fig.update_layout(barmode="stack", title="Which tier served each request", yaxis_title="requests")
+fig
+
+# %% [markdown]
+# ### Restart
+#
+# A second Engine over a **fresh** TieredStore on the same folder: its RAM tier starts empty, its
+# disk tier rebuilds its index from the files. In another process this is a server restart
+# (`tests/integration/test_tiers.py` runs it as two processes).
+
+# %%
+store2 = tiered()
+print(store2.disk)
+engine2, restart = run(store2, 1)
+store2.close()
+kv.stores.hits_by_tier(engine2.events)
+
+# %% [markdown]
+# ## 3 · Cost: prefill seconds on this machine
+#
+# `kv.cost.fit` times prefill at every (cached, new) grid point and at `fit_holdout` random points
+# between them, fits `t = a + b·new + c·new·cached + d·new²` on the grid (least squares on relative
+# error, non-negative coefficients; `c` is attention to cached keys, `d` the new tokens attending
+# to each other) and reports the error on the held-out points.
+
+# %%
+cost = kv.cost.fit(m, cached=fit_cached, new=fit_new, holdout=fit_holdout, repeats=fit_repeats)
+cost
+
+# %%
+res = cost.residuals()
+fig = go.Figure()
+for split, symbol in (("fit", "circle"), ("holdout", "diamond")):
+    p = res.filter(pl.col("split") == split)
+    fig.add_trace(go.Scatter(x=p["seconds"], y=p["relative_error"] * 100, mode="markers", name=split,
+                             marker={"symbol": symbol, "size": 9},
+                             text=[f"cached {c}, new {n}" for c, n in zip(p["cached"], p["new"])]))
+fig.add_hline(y=0, line_dash="dot")
+fig.update_layout(title=f"Residuals (held-out MAPE {cost.mape_holdout:.1%})", xaxis_type="log",
+                  xaxis_title="measured prefill seconds", yaxis_title="(predicted - measured) / measured, %")
+fig
+
+# %% [markdown]
+# ### A capacity sweep in seconds
+#
+# `kv.simulate` replays a workload through an LRU block cache of each capacity; with the cost model
+# every request gets an estimated prefill time with and without its hit, so the sweep reads in
+# seconds of TTFT saved, not only ratios.
+
+# %%
+sweep_wl = kv.workloads.prefix_repetition(prefix_len=512, suffix_len=128, num_prompts=50, num_prefixes=5, seed=0)
+sweep = kv.cost.sweep_seconds(sweep_wl, cost, sweep_capacities, block_size=16, passes=2)
+sweep
+
+# %%
+labels = ["unbounded" if c is None else f"{c:,}" for c in sweep["capacity_tokens"].to_list()]
+fig = go.Figure([go.Bar(x=labels, y=sweep["est_ttft_saved_s"], name="TTFT saved",
+                        text=[f"{r:.0%} hit" for r in sweep["token_hit_ratio"]])])
+fig.update_layout(title=f"Estimated TTFT saved over {len(sweep_wl.requests) * 2} requests (model {m.name})",
+                  xaxis_title="cache capacity, tokens", yaxis_title="seconds saved")
+fig
+
+# %% [markdown]
+# ### Crossover: restore from RAM, load from disk, or recompute?
+#
+# Measured here, per prefix length: `kv.restore` of a snapshot held in RAM, a `DiskStore` load
+# (read, digest and model check, restore) and a prefill of the same tokens.
+
+# %%
+crossover = kv.cost.crossover(m, crossover_lengths, repeats=crossover_repeats)
+crossover
+
+# %% [markdown]
+# ## Results
+
+# %%
+def tier_rows(frame, phase):
+    return (frame.group_by("pass", "tier").agg(pl.len().alias("requests"), pl.col("reused_tokens").sum(),
+                                              pl.col("verify_diff").max().alias("max_verify_diff"))
+            .with_columns(pl.lit("tiers").alias("section"), pl.lit(phase).alias("phase")))
+
+
+fit_row = pl.DataFrame([{"section": "cost_fit", **cost.coefficients(), "mape_fit": cost.mape_fit,
+                         "mape_holdout": cost.mape_holdout,
+                         "points_fit": cost.points.filter(pl.col("split") == "fit").height,
+                         "points_holdout": cost.points.filter(pl.col("split") == "holdout").height}])
+results = pl.concat([
+    tier_rows(first, "first"), tier_rows(restart, "restart"),
+    pl.DataFrame([{"section": "tier_stats", "phase": "first", **store.stats()},
+                  {"section": "tier_stats", "phase": "restart", **store2.stats()}]),
+    fit_row,
+    cost.residuals().with_columns(pl.lit("cost_points").alias("section")),
+    sweep.with_columns(pl.lit("sweep").alias("section")),
+    crossover.with_columns(pl.lit("crossover").alias("section")),
+], how="diagonal_relaxed").with_columns(pl.lit(m.name).alias("model"))
+if not disk_path:
+    shutil.rmtree(folder, ignore_errors=True)
+kv.runner.save_results(results, results_path)

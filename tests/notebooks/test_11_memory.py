@@ -1,0 +1,78 @@
+"""11_memory under papermill with its CI defaults: hits per tier add up and come from disk, the
+cache survives a restart, the cost model's held-out error, the sweep in seconds, the crossover."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import nbformat
+import polars as pl
+import pytest
+
+from kvlab import runner
+
+NOTEBOOK = Path(__file__).resolve().parents[2] / "notebooks" / "11_memory.ipynb"
+LOGIT_TOL = 1e-4  # float32 tiny model: KV restored from disk against a cold prefill
+
+
+def test_11_memory_is_clean_paired_and_parameterised():
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert code[0].source.startswith("import kvlab as kv")
+    assert all(not c.outputs and c.execution_count is None for c in code)
+    declared = runner.notebook_parameters(NOTEBOOK)
+    assert declared["model"].strip("'\"") == "tiny" and declared["results_path"].strip("'\"") == "results.parquet"
+    assert NOTEBOOK.with_suffix(".py").is_file()
+    assert any("Reserved for the quantization work" in c.source for c in nb.cells if c.cell_type == "markdown")
+
+
+@pytest.mark.notebook
+def test_11_memory(tmp_path):
+    r = runner.run_notebook(NOTEBOOK, {}, tmp_path / "11_memory", timeout=900)
+    assert r.ok and r.html is not None and r.html.is_file()
+    df = r.results
+    tiers = df.filter(pl.col("section") == "tiers")
+    stats = {row["phase"]: row for row in df.filter(pl.col("section") == "tier_stats").iter_rows(named=True)}
+
+    # hits per tier sum to the hits (per phase), and reuse is exact: 6 prompts of 96 tokens, 2 passes
+    for phase, n in (("first", 12), ("restart", 6)):
+        t = tiers.filter(pl.col("phase") == phase)
+        s = stats[phase]
+        assert t["requests"].sum() == n
+        hit = t.filter(pl.col("tier") != "miss")
+        assert hit["requests"].sum() == s["hits"] == s["hits_ram"] + s["hits_disk"]
+        assert hit["reused_tokens"].sum() == s["tokens"] == s["tokens_ram"] + s["tokens_disk"]
+        assert t.filter(pl.col("tier") == "miss")["reused_tokens"].sum() == 0
+        assert t["max_verify_diff"].max() < LOGIT_TOL
+    first = tiers.filter(pl.col("phase") == "first")
+    warm = first.filter(pl.col("pass") == 2)
+    assert warm.filter(pl.col("tier") == "miss").height == 0 and warm["reused_tokens"].sum() == 6 * 95
+    assert first.filter(pl.col("tier") == "disk")["requests"].sum() >= 4  # RAM holds ~1 prompt
+    assert stats["first"]["demotions"] > 0 and stats["first"]["disk_files"] == 6
+    # restart: an empty RAM tier, every prompt served from disk, the whole prompt but its last token
+    restart = tiers.filter(pl.col("phase") == "restart")
+    assert restart.rows_by_key("tier", named=True, unique=True)["disk"]["requests"] == 6
+    assert restart["reused_tokens"].sum() == 6 * 95 and stats["restart"]["hits_disk"] == 6
+
+    fit = df.filter(pl.col("section") == "cost_fit").row(0, named=True)
+    assert fit["points_fit"] == 16 and fit["points_holdout"] == 6
+    assert min(fit["a"], fit["b"], fit["c"], fit["d"]) >= 0 and fit["c"] > 0
+    points = df.filter(pl.col("section") == "cost_points")
+    assert points.height == 22 and (points["seconds"] > 0).all()
+    assert (points["relative_error"] - (points["predicted_s"] / points["seconds"] - 1)).abs().max() < 1e-9
+    # the reported error is the held-out points' (the 15% bound itself: tests/integration/test_tiers.py)
+    held = points.filter(pl.col("split") == "holdout")["relative_error"].abs().mean()
+    assert fit["mape_holdout"] == pytest.approx(held, rel=1e-12) and fit["mape_holdout"] > 0
+    assert fit["mape_fit"] == pytest.approx(points.filter(pl.col("split") == "fit")["relative_error"].abs().mean())
+
+    sweep = df.filter(pl.col("section") == "sweep")
+    assert sweep["capacity_tokens"].to_list() == [0, 1024, 2048, 4096, 8192, None]
+    saved = sweep["est_ttft_saved_s"].to_list()
+    assert saved[0] == 0.0 and saved == sorted(saved) and saved[-1] > 0  # LRU: more room never hurts
+    gap = sweep["est_cold_prefill_s"] - sweep["est_prefill_s"] - sweep["est_ttft_saved_s"]
+    assert gap.abs().max() < 1e-9
+
+    cross = df.filter(pl.col("section") == "crossover").sort("prefix_tokens")
+    assert cross["prefix_tokens"].to_list() == [256, 1024]
+    assert cross["bytes"].to_list() == [256 * 1024, 1024 * 1024]  # tiny: 4 layers x (keys, values) x 2 heads x 16 dims x 4 B
+    assert (cross["ram_restore"] < cross["recompute"]).all() and (cross["disk_load"] > 0).all()
