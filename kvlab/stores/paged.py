@@ -161,7 +161,10 @@ class PagedStore(StoreBase):
     def _store(self, h: bytes, parent, ids, i: int, snap: Snapshot, kind: str) -> Block:
         s, e = i * self.block_size, (i + 1) * self.block_size
         # a copy per block (not a view) so a block never keeps a whole request buffer alive
-        kv = tuple((mx.contiguous(layer.state[0][..., s:e, :]), mx.contiguous(layer.state[1][..., s:e, :]))
+        # (mx.array copies; mx.contiguous returns a one-KV-head slice as the view it is), in fresh
+        # memory: MLX's buffer cache would hand a small copy a freed buffer up to twice its size
+        mx.clear_cache()
+        kv = tuple((mx.array(layer.state[0][..., s:e, :]), mx.array(layer.state[1][..., s:e, :]))
                    for layer in snap.layers)
         mx.eval(kv)
         nbytes = sum(k.nbytes + v.nbytes for k, v in kv)

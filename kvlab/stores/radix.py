@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import polars as pl
 
 from ..keys import CacheKey
-from ..snapshots import Snapshot, non_trimmable_layers
+from ..snapshots import Snapshot, compact, non_trimmable_layers
 from ..tokens import Tokens, common_prefix_len
 from .base import MISS, NON_CAPACITY_REASONS, EventLog, Match, StoreBase, check_budget, default_budget, too_big
 
@@ -141,6 +141,11 @@ class RadixStore(StoreBase):
             # same tokens, same model: the KV is the same, so keep the entry and refresh it
             old.last_used = next(self._clock)
             return
+        # keep exact-size copies: the snapshot's views would hold mlx-lm's whole buffer, not nbytes
+        snap = compact(snap)
+        if snap.nbytes > self.budget_bytes:  # a rotating window's ring can hold more than its tokens
+            self._prune(node)
+            raise too_big(self.name, snap.nbytes, self.budget_bytes)
         if old is not None:
             self._drop(old, node, "replaced")
             node = self._node_for(sym)  # dropping may have pruned or merged the node

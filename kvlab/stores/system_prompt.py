@@ -22,13 +22,10 @@ import html
 import itertools
 from dataclasses import dataclass
 
-import mlx.core as mx
-from mlx.utils import tree_flatten, tree_map
-
 from ..boundary import split_at_boundary
 from ..errors import BoundaryError
 from ..keys import CacheKey
-from ..snapshots import LayerState, Snapshot, trim
+from ..snapshots import Snapshot, compact, trim
 from ..tokens import Tokens
 from .base import EventLog, Match, StoreBase, check_budget, default_budget, too_big
 
@@ -103,7 +100,7 @@ class SystemPromptStore(StoreBase):
             old = self.entry
             self.log.add("evict", tokens=old.tokens, nbytes=old.nbytes, entry=old.id, reason="invalidated")
             self.evictions += 1
-        self.entry = SystemEntry(next(self._ids), h, cut, _materialise(snap))
+        self.entry = SystemEntry(next(self._ids), h, cut, compact(snap))
         self.log.add("insert", tokens=cut, nbytes=self.entry.nbytes, entry=self.entry.id, kind="system")
 
     # -- internals --------------------------------------------------------------------------------
@@ -129,15 +126,3 @@ class SystemPromptStore(StoreBase):
 
     def _repr_html_(self) -> str:
         return f"<div><b>SystemPromptStore</b> {html.escape(repr(self)[len('SystemPromptStore'):])}</div>"
-
-
-def _materialise(snap: Snapshot) -> Snapshot:
-    """A snapshot whose arrays are copies, so the entry does not keep the whole request's KV
-    buffer alive and its reported memory is what it really holds."""
-    def copy(x):
-        return mx.contiguous(x) if isinstance(x, mx.array) else x
-
-    layers = tuple(LayerState(layer.kind, tree_map(copy, layer.state), layer.tokens, layer.nbytes)
-                   for layer in snap.layers)
-    mx.eval([a for layer in layers for _, a in tree_flatten(layer.state) if isinstance(a, mx.array)])
-    return Snapshot(layers, snap.offset, snap.token_ids, snap.fingerprint)
