@@ -212,8 +212,7 @@ def compact(snap: Snapshot) -> Snapshot:
     # mx.array copies (mx.contiguous returns a one-KV-head view as it is) into fresh memory: MLX's
     mx.clear_cache()  # buffer cache would hand a small copy a freed buffer up to twice its size
     states = [tree_map(lambda x: mx.array(x) if isinstance(x, mx.array) else x, layer.state) for layer in snap.layers]
-    held = [[a for _, a in tree_flatten(s) if isinstance(a, mx.array)] for s in states]
-    mx.eval(held)
+    mx.eval(held := [[a for _, a in tree_flatten(s) if isinstance(a, mx.array)] for s in states])
     return replace(snap, layers=tuple(LayerState(layer.kind, s, layer.tokens, sum(a.nbytes for a in h))
                                       for layer, s, h in zip(snap.layers, states, held)))
 
