@@ -94,13 +94,14 @@ class SystemPromptStore(StoreBase):
             if not snap.trimmable:
                 return  # the Engine also checkpoints non-trimmable caches at the boundary
             snap = trim(snap, snap.offset - cut)
+        snap = compact(snap)  # exact-size copies: the views would keep the request's whole buffer alive
         if snap.nbytes > self.budget_bytes:
             raise too_big(self.name, snap.nbytes, self.budget_bytes)
         if self.entry is not None:
             old = self.entry
             self.log.add("evict", tokens=old.tokens, nbytes=old.nbytes, entry=old.id, reason="invalidated")
             self.evictions += 1
-        self.entry = SystemEntry(next(self._ids), h, cut, compact(snap))
+        self.entry = SystemEntry(next(self._ids), h, cut, snap)
         self.log.add("insert", tokens=cut, nbytes=self.entry.nbytes, entry=self.entry.id, kind="system")
 
     # -- internals --------------------------------------------------------------------------------
