@@ -69,7 +69,7 @@ def _snapshot(v: dict) -> tuple[bool, str]:
     lo, hi = min(med.values()), max(med.values())
     first, last = min(lengths), max(lengths)
     return (hi <= 3 * lo,
-            f"{lo * 1e3:.1f}-{hi * 1e3:.1f} ms from {first} to {last} tokens "
+            f"{lo * 1e3:.2f}-{hi * 1e3:.2f} ms from {first} to {last} tokens "
             f"({lengths[first]['nbytes'] / 2**20:.0f} to {lengths[last]['nbytes'] / 2**20:.0f} MiB of KV)")
 
 
