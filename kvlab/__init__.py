@@ -27,7 +27,7 @@ _LAZY = {
     "split_at_boundary": "boundary", "Split": "boundary",
     "prefill": "snapshots", "snapshot": "snapshots", "restore": "snapshots", "trim": "snapshots",
     "save": "snapshots", "load_snapshot": "snapshots", "Snapshot": "snapshots",
-    "block_hashes": "blocks", "make_cache": "snapshots",
+    "block_hashes": "blocks", "make_cache": "snapshots", "compact": "snapshots",
     "diverge": "divergence", "Divergence": "divergence", "volatile_fields": "volatile",
     "normalise": "normalisation", "normalise_text": "normalisation", "Rule": "normalisation",
     "DEFAULT_RULES": "normalisation", "VolatileField": "volatile",

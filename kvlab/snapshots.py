@@ -106,12 +106,6 @@ def _to_live(tree):
     return _view(tree)
 
 
-def _layer_tokens(c) -> int:
-    if isinstance(c, mlx_cache.RotatingKVCache):
-        return min(c.offset, c.max_size)
-    return int(getattr(c, "offset", 0) or 0)
-
-
 def _layer_state(c) -> LayerState:
     kind = type(c).__name__
     if isinstance(c, mlx_cache.KVCache) and type(c) is mlx_cache.KVCache:
@@ -130,9 +124,10 @@ def _layer_state(c) -> LayerState:
         nbytes = sum(a.nbytes for a in arrays if a is not None)
         return LayerState(kind, state, 0, nbytes)
     state = _views(c.state)
-    tokens = _layer_tokens(c)
+    rotating = isinstance(c, mlx_cache.RotatingKVCache)
+    tokens = min(c.offset, c.max_size) if rotating else int(getattr(c, "offset", 0) or 0)
     buffer_bytes = sum(a.nbytes for _, a in tree_flatten(state) if isinstance(a, mx.array))
-    if isinstance(c, mlx_cache.RotatingKVCache) and c.keys is not None:
+    if rotating and c.keys is not None:
         # bytes of the valid window only, not of the preallocated ring
         per_token = (c.keys.nbytes + c.values.nbytes) / max(c.keys.shape[2], 1)
         buffer_bytes = int(per_token * tokens)
@@ -159,9 +154,7 @@ def snapshot(cache: Sequence[Any], *, tokens=None, model=None) -> Snapshot:
 
 
 def _ids(tokens):
-    if tokens is None:
-        return None
-    return tuple(int(i) for i in getattr(tokens, "ids", tokens))
+    return None if tokens is None else tuple(int(i) for i in getattr(tokens, "ids", tokens))
 
 
 def restore(snap: Snapshot) -> list:
@@ -175,10 +168,8 @@ def restore(snap: Snapshot) -> list:
         state = _to_live(layer.state)
         if layer.kind == "ArraysCache":
             state = (list(state[0]), state[1], state[2])
-        if layer.kind == "KVCache" and state[0] is None:
-            out.append(mlx_cache.KVCache())
-            continue
-        out.append(cls.from_state(state))
+        empty = layer.kind == "KVCache" and state[0] is None
+        out.append(mlx_cache.KVCache() if empty else cls.from_state(state))
     return out
 
 
@@ -220,6 +211,17 @@ def trim(snap: Snapshot, n: int) -> Snapshot:
         c.trim(n)
     ids = snap.token_ids[: snap.offset - n] if snap.token_ids is not None else None
     return replace(snapshot(live), token_ids=ids, fingerprint=snap.fingerprint)
+
+
+def compact(snap: Snapshot) -> Snapshot:
+    """A copy whose arrays are exactly their valid size, what a store keeps: a snapshot's views keep
+    mlx-lm's whole preallocated buffer alive. Example: ``kept = kv.compact(snap)``."""
+    # mx.array copies (mx.contiguous returns a one-KV-head view as it is) into fresh memory: MLX's
+    mx.clear_cache()  # buffer cache would hand a small copy a freed buffer up to twice its size
+    states = [tree_map(lambda x: mx.array(x) if isinstance(x, mx.array) else x, layer.state) for layer in snap.layers]
+    mx.eval(held := [[a for _, a in tree_flatten(s) if isinstance(a, mx.array)] for s in states])
+    return replace(snap, layers=tuple(LayerState(layer.kind, s, layer.tokens, sum(a.nbytes for a in h))
+                                      for layer, s, h in zip(snap.layers, states, held)))
 
 
 @runtime_checkable

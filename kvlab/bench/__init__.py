@@ -3,8 +3,10 @@ each table reports the median and spread (pstdev, min-max) plus ratios against a
 
     kvlab bench --model smollm2 --repeats 5 --write BENCHMARKS.md
 
-One module per section; each has ``NEEDS_MODEL`` and ``table(settings) -> Table``. A new section
-is a new module plus one line in ``REGISTRY``.
+One module per section; each has ``NEEDS_MODEL`` and ``table(settings) -> Table`` (its raw numbers
+in ``Table.values``). A new section is a new module plus one line in ``REGISTRY``; a new target is
+one ``Target`` in ``summary.TARGETS``, which BENCHMARKS.md and the README's summary are generated
+from.
 
 Example:
     >>> tables = kv.bench.run("tiny", repeats=2, only=["hashing"])
@@ -16,10 +18,11 @@ from __future__ import annotations
 
 import os
 import platform
+from dataclasses import replace
 
 from .. import _blas
 from ..errors import KvlabError
-from . import blas, hashing, memory, quantization, serving, simulator, snapshot, tiers, ttft
+from . import blas, exp, hashing, memory, quantization, serving, simulator, snapshot, tiers, ttft
 from .settings import Settings
 from .table import Table, median_range, ms, spread
 
@@ -33,6 +36,7 @@ REGISTRY = {
     "memory": memory,
     "hashing": hashing,
     "simulator": simulator,
+    "exp": exp,
     "quantization": quantization,
     "serving": serving,
     "tiers": tiers,
@@ -60,7 +64,7 @@ def run(model_name: str = "smollm2", repeats: int = 5, only=None, *, on_table=No
     tables = []
     for name, section in REGISTRY.items():
         if name in only:
-            tables.append(section.table(settings))
+            tables.append(replace(section.table(settings), section=name))
             if on_table is not None:
                 on_table(tables[-1])
     return tables

@@ -37,7 +37,7 @@ def bench_blas(model: str, repeats: int) -> Table:
         >>> bench_blas("tiny", 2).columns[0]
         'BLAS'
     """
-    rows = []
+    rows, values = [], {}
     for label, env in (("reference BLAS (KVLAB_BLAS=off)", {**os.environ, "KVLAB_BLAS": "off"}),
                        ("OpenBLAS (kvlab default)", dict(os.environ))):
         env.pop("LD_PRELOAD", None)
@@ -46,9 +46,12 @@ def bench_blas(model: str, repeats: int) -> Table:
         r = json.loads(out.stdout.strip().splitlines()[-1])
         g, p = spread(r["gflops"]), spread(r["prefill_tps"])
         rows.append((label, f"{g['median']:.1f} ± {g['pstdev']:.1f}", f"{p['median']:.1f} ± {p['pstdev']:.1f}"))
+        values["openblas" if env.get("KVLAB_BLAS") != "off" else "reference"] = {
+            "gflops": g["median"], "prefill_tokens_per_s": p["median"], "fast_blas": r["fast"]}
     return Table("Linux CPU BLAS: float32 matmul and prefill", f"kvlab bench --only blas --model {model}",
                  ("BLAS", "GFLOP/s 1024x896@896x4864", f"prefill tokens/s ({model}, 256 tokens)"),
-                 tuple(rows), "Each row is a fresh process; median ± pstdev over repeats.")
+                 tuple(rows), "Each row is a fresh process; median ± pstdev over repeats.",
+                 values={**values, "model": model, "prefill_tokens": 256})
 
 
 def table(s: Settings) -> Table:

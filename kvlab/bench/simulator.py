@@ -109,7 +109,8 @@ def bench_simulator_table(repeats: int) -> Table:
     return Table("simulator throughput and sweep speed-up", f"kvlab bench --only simulator --repeats {repeats}",
                  ("measure", "median (min-max)"), tuple(rows),
                  "Target: a 16-capacity LRU sweep over a 12k-request trace >= 10x faster than 16 "
-                 "plain-Python replays, identical results. `speedup` = python replays / stack-distance sweep.")
+                 "plain-Python replays, identical results. `speedup` = python replays / stack-distance sweep.",
+                 values=r)
 
 
 def table(s: Settings) -> Table:

@@ -45,7 +45,7 @@ def bench_snapshot(model, repeats: int, lengths=(256, 512, 1024, 2048, 4096, 819
     """
     from ..snapshots import restore, snapshot
 
-    rows = []
+    rows, values = [], {}
     for n in lengths:
         live = filled_cache(model, n)
         times = []
@@ -54,11 +54,13 @@ def bench_snapshot(model, repeats: int, lengths=(256, 512, 1024, 2048, 4096, 819
             restore(snapshot(live))
             times.append(time.perf_counter() - t)
         rows.append((n, ms(spread(times)).replace(" ms", ""), f"{snapshot(live).nbytes / 2**20:.1f}"))
+        values[n] = {"seconds": spread(times), "nbytes": snapshot(live).nbytes}
     return Table(f"snapshot + restore cost vs cached length, model {model.name}",
                  f"kvlab bench --only snapshot --model {model.name} --repeats {repeats}",
                  ("cached tokens", "snapshot+restore ms median ± pstdev (min-max)", "snapshot MiB"),
                  tuple(rows), "Flat: snapshots are array views; MLX copies on write. The caches hold "
-                 "random KV in the model's shapes (values do not affect the cost).")
+                 "random KV in the model's shapes (values do not affect the cost).",
+                 values={"lengths": values, "model": model.name})
 
 
 def table(s: Settings) -> Table:

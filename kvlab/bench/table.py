@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import html
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
 class Table:
-    """One benchmark section's result: a titled table with the command that reproduces it.
+    """One benchmark section's result: a titled table with the command that reproduces it, and
+    the raw measured numbers (``values``) the summary against the targets is computed from.
 
     Example:
         >>> Table("t", "kvlab bench --only t", ("a", "b"), ((1, 2.5),)).markdown().splitlines()[0]
@@ -22,6 +23,8 @@ class Table:
     columns: tuple[str, ...]
     rows: tuple[tuple, ...]
     notes: str = ""
+    values: dict = field(default_factory=dict, compare=False, repr=False)
+    section: str = ""
 
     def markdown(self) -> str:
         head = "| " + " | ".join(self.columns) + " |\n|" + "---|" * len(self.columns) + "\n"

@@ -50,16 +50,21 @@ def bench_ttft(model, repeats: int, system_tokens: int = 1000, turns: int = 4) -
             if k:
                 ttft["cold prefill"].append(time.perf_counter() - t)
     limit = spread(ttft["physical limit"])["median"]
-    rows = []
+    rows, stats = [], {}
     for name, xs in ttft.items():
         s = spread(xs)
+        stats[name] = s
         rows.append((name, ms(s), f"{s['median'] / limit:.2f}x"))
+    cold_tokens = [len(p) for p in prompts[1:]] * repeats  # cold prefills ran in this order
     lens = " -> ".join(str(len(p)) for p in prompts)
     return Table(f"TTFT on the agentic loop ({lens} tokens, turns 2-{turns}), model {model.name}",
                  f"kvlab bench --only ttft --model {model.name} --repeats {repeats}",
                  ("method", "TTFT ms median ± pstdev (min-max)", "vs physical limit"), tuple(rows),
                  "Physical limit: prefill only the new tokens on top of an already-built live cache. "
-                 "Targets: kvlab within 1.10x of it; no slower than LRUPromptCache.")
+                 "Targets: kvlab within 1.10x of it; no slower than LRUPromptCache.",
+                 values={"seconds": stats, "prompt_tokens": [len(p) for p in prompts],
+                         "cold_tokens_per_s": spread([n / t for n, t in zip(cold_tokens, ttft["cold prefill"])]),
+                         "model": model.name})
 
 
 def table(s: Settings) -> Table:

@@ -1,5 +1,5 @@
-"""`kvlab bench`: the side-by-side benchmark tables, printed as they finish and optionally
-appended to a markdown file."""
+"""`kvlab bench`: the side-by-side benchmark tables, printed as they finish; with ``--write`` the
+whole markdown file is regenerated from this run (and the README's marked summary block with it)."""
 
 from __future__ import annotations
 
@@ -14,31 +14,55 @@ def register(sub) -> None:
     s.add_argument("--model", default="smollm2")
     s.add_argument("--repeats", type=int, default=5)
     s.add_argument("--only", default=None, help=f"comma-separated: {','.join(SECTIONS)}")
-    s.add_argument("--write", default=None, help="append the tables to this markdown file")
+    s.add_argument("--write", default=None,
+                   help="regenerate this markdown file from this run: header, summary against the "
+                        "targets, findings, every table")
+    s.add_argument("--readme", default=None,
+                   help="the README whose bench-summary block to rewrite with the same numbers "
+                        "(default with --write: README.md beside the written file, if it exists)")
     s.add_argument("--ttft-system-tokens", type=int, default=1000,
                    help="system prompt size of the TTFT agentic loop")
     s.set_defaults(func=bench)
 
 
+def command_of(args) -> str:
+    """The command line that reproduces this run (what the written file says it came from)."""
+    parts = ["kvlab bench", f"--model {args.model}", f"--repeats {args.repeats}"]
+    if args.only:
+        parts.append(f"--only {args.only}")
+    if args.ttft_system_tokens != 1000:
+        parts.append(f"--ttft-system-tokens {args.ttft_system_tokens}")
+    if args.write:
+        parts.append(f"--write {args.write}")
+    return " ".join(parts)
+
+
 def bench(args) -> int:
     from ..bench import machine, run
+    from ..bench.summary import START, document, readme_block, replace_marked
 
     only = args.only.split(",") if args.only else None
+    readme = args.readme
+    if readme is None and args.write:
+        beside = os.path.join(os.path.dirname(os.path.abspath(args.write)), "README.md")
+        readme = beside if os.path.exists(beside) else None
+    readme_text = open(readme).read() if readme else None
+    marked = readme_text is not None and START.split(":")[0] in readme_text
+    if marked:
+        replace_marked(readme_text, "", name=readme)  # bad markers fail now, not after the run
     started = time.perf_counter()
+    tables = run(args.model, args.repeats, only, on_table=lambda t: print(t.markdown(), flush=True),
+                 ttft_system_tokens=args.ttft_system_tokens)
+    meta = {"command": command_of(args), "machine": machine(), "when": time.strftime("%Y-%m-%d %H:%M")}
     if args.write:
-        header = f"## Run of {time.strftime('%Y-%m-%d %H:%M')} — {machine()}\n\n"
-        existing = open(args.write).read() if os.path.exists(args.write) else "# kvlab benchmarks\n\n"
-        _replace(args.write, existing.rstrip() + "\n\n" + header)
-
-    def emit(table) -> None:
-        text = table.markdown()
-        print(text, flush=True)
-        if args.write:
-            _replace(args.write, open(args.write).read() + text + "\n")
-
-    run(args.model, args.repeats, only, on_table=emit, ttft_system_tokens=args.ttft_system_tokens)
-    if args.write:
-        print(f"kvlab: appended to {args.write} ({time.perf_counter() - started:.0f} s)")
+        _replace(args.write, document(tables, **meta))
+        print(f"kvlab: wrote {args.write} ({time.perf_counter() - started:.0f} s)")
+    if marked:
+        details = os.path.relpath(args.write, os.path.dirname(os.path.abspath(readme))) if args.write else None
+        _replace(readme, replace_marked(readme_text, readme_block(tables, details=details, **meta), name=readme))
+        print(f"kvlab: rewrote the bench summary in {readme}")
+    elif readme_text is not None:
+        print(f"kvlab: {readme} has no {START} / end markers; left unchanged")
     return 0
 
 

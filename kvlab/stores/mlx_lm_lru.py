@@ -25,7 +25,7 @@ from dataclasses import replace
 from mlx_lm.models.cache import LRUPromptCache
 
 from ..keys import CacheKey
-from ..snapshots import Snapshot, restore, snapshot
+from ..snapshots import Snapshot, compact, restore, snapshot
 from ..tokens import Tokens
 from .base import EventLog, Match, StoreBase
 
@@ -79,7 +79,7 @@ class MlxLmLRUStore(StoreBase):
     def insert(self, key: CacheKey, tokens: Tokens, snap: Snapshot, *, kind: str = "prompt") -> None:
         ns, ids = MODEL_KEY, tuple(key.symbols()[: snap.offset])
         self._fingerprint = snap.fingerprint or self._fingerprint
-        caches = restore(snap)
+        caches = restore(compact(snap))  # exact-size arrays: views would keep the whole buffer alive
         nbytes = sum(c.nbytes for c in caches)  # what LRUPromptCache counts for the entry
         self.cache.insert_cache(ns, list(ids), caches, cache_type=_cache_type(kind))
         if (ns, ids) not in self._resident:

@@ -163,10 +163,13 @@ class PagedStore(StoreBase):
     # -- internals --------------------------------------------------------------------------------
     def _store(self, h: bytes, parent, ids, i: int, snap: Snapshot, kind: str) -> Block:
         s, e = i * self.block_size, (i + 1) * self.block_size
-        # a copy per block (not a view) so a block never keeps a whole request buffer alive; a
-        # quantized layer's packed words, scales and biases all have the token axis at -2, and its
-        # (group_size, bits) ride along after (keys, values)
-        kv = tuple(tree_map(lambda a: mx.contiguous(a[..., s:e, :]), tuple(layer.state[:2])) + tuple(layer.state[3:5])
+        # a copy per block (not a view) so a block never keeps a whole request buffer alive
+        # (mx.array copies; mx.contiguous returns a one-KV-head slice as the view it is), in fresh
+        # memory: MLX's buffer cache would hand a small copy a freed buffer up to twice its size.
+        # A quantized layer's packed words, scales and biases all have the token axis at -2, and
+        # its (group_size, bits) ride along after (keys, values)
+        mx.clear_cache()
+        kv = tuple(tree_map(lambda a: mx.array(a[..., s:e, :]), tuple(layer.state[:2])) + tuple(layer.state[3:5])
                    for layer in snap.layers)
         arrays = [a for _, a in tree_flatten(kv) if isinstance(a, mx.array)]
         mx.eval(arrays)

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import polars as pl
 
 from ..keys import CacheKey
-from ..snapshots import Snapshot, non_trimmable_layers
+from ..snapshots import Snapshot, compact, non_trimmable_layers
 from ..tokens import Tokens, common_prefix_len
 from .base import MISS, NON_CAPACITY_REASONS, EventLog, Match, StoreBase, check_budget, default_budget, too_big
 
@@ -122,9 +122,14 @@ class RadixStore(StoreBase):
             else:
                 why = (f"an entry shares {shared} tokens but its cache cannot be trimmed "
                        f"({self._why_not_trimmable(below[0])})")
-                best = Match(best.kind, best.tokens, best.snapshot, best.entry_tokens, best.entry_id,
-                             why + (f"; reused the checkpoint at {best.tokens}" if best.tokens
-                                    else "; no checkpoint before it"))
+                other = self._trimmable_above(path, limit, best.tokens)
+                if other is not None:
+                    best = Match(other.kind, other.tokens, other.snapshot, other.entry_tokens, other.entry_id,
+                                 why + f"; reused {other.tokens} tokens of a trimmable entry")
+                else:
+                    best = Match(best.kind, best.tokens, best.snapshot, best.entry_tokens, best.entry_id,
+                                 why + (f"; reused the checkpoint at {best.tokens}" if best.tokens
+                                        else "; no checkpoint before it"))
         if best.entry_id is not None:
             self._touch(best.entry_id, path)
         return best
@@ -142,6 +147,11 @@ class RadixStore(StoreBase):
             # same tokens, same model: the KV is the same, so keep the entry and refresh it
             old.last_used = next(self._clock)
             return
+        # keep exact-size copies: the snapshot's views would hold mlx-lm's whole buffer, not nbytes
+        snap = compact(snap)
+        if snap.nbytes > self.budget_bytes:  # a rotating window's ring can hold more than its tokens
+            self._prune(node)
+            raise too_big(self.name, snap.nbytes, self.budget_bytes)
         if old is not None:
             self._drop(old, node, "replaced")
             node = self._node_for(sym)  # dropping may have pruned or merged the node
@@ -164,6 +174,20 @@ class RadixStore(StoreBase):
     def _why_not_trimmable(self, entry: Entry) -> str:
         i, kind, why = non_trimmable_layers(entry.snapshot)[0]
         return f"layer {i} is {kind}: {why}"
+
+    def _trimmable_above(self, path: list, limit: int, floor: int) -> Match | None:
+        """The best trimmed match branching off the path above its untrimmable end (a store can
+        hold trimmable and untrimmable entries, e.g. rotating windows before and after they wrap):
+        the deepest path node with a trimmable entry below it, its most recently used one."""
+        for node in reversed(path):
+            reuse = min(node.depth, limit)
+            if reuse <= floor:
+                return None
+            trimmable = [e for e in self._entries_below(node, True) if e.snapshot.trimmable]
+            if trimmable:
+                e = max(trimmable, key=lambda e: e.last_used)
+                return Match("lcp", reuse, e.snapshot, e.tokens, e.id)
+        return None
 
     def _entries_below(self, node: Node, include_self: bool) -> list[Entry]:
         out = []

@@ -22,13 +22,10 @@ import html
 import itertools
 from dataclasses import dataclass
 
-import mlx.core as mx
-from mlx.utils import tree_flatten, tree_map
-
 from ..boundary import split_at_boundary
 from ..errors import BoundaryError
 from ..keys import CacheKey
-from ..snapshots import LayerState, Snapshot, trim
+from ..snapshots import Snapshot, compact, trim
 from ..tokens import Tokens
 from .base import EventLog, Match, StoreBase, check_budget, default_budget, too_big
 
@@ -97,13 +94,14 @@ class SystemPromptStore(StoreBase):
             if not snap.trimmable:
                 return  # the Engine also checkpoints non-trimmable caches at the boundary
             snap = trim(snap, snap.offset - cut)
+        snap = compact(snap)  # exact-size copies: the views would keep the request's whole buffer alive
         if snap.nbytes > self.budget_bytes:
             raise too_big(self.name, snap.nbytes, self.budget_bytes)
         if self.entry is not None:
             old = self.entry
             self.log.add("evict", tokens=old.tokens, nbytes=old.nbytes, entry=old.id, reason="invalidated")
             self.evictions += 1
-        self.entry = SystemEntry(next(self._ids), h, cut, _materialise(snap))
+        self.entry = SystemEntry(next(self._ids), h, cut, snap)
         self.log.add("insert", tokens=cut, nbytes=self.entry.nbytes, entry=self.entry.id, kind="system")
 
     # -- internals --------------------------------------------------------------------------------
@@ -144,14 +142,3 @@ def _span_cut(tokens: Tokens) -> tuple[int, str]:
                    "message markers) that starts with a system message")
     return (spans[k].token_start if k < len(spans) else spans[k - 1].token_end), ""
 
-
-def _materialise(snap: Snapshot) -> Snapshot:
-    """A snapshot whose arrays are copies, so the entry does not keep the whole request's KV
-    buffer alive and its reported memory is what it really holds."""
-    def copy(x):
-        return mx.contiguous(x) if isinstance(x, mx.array) else x
-
-    layers = tuple(LayerState(layer.kind, tree_map(copy, layer.state), layer.tokens, layer.nbytes)
-                   for layer in snap.layers)
-    mx.eval([a for layer in layers for _, a in tree_flatten(layer.state) if isinstance(a, mx.array)])
-    return Snapshot(layers, snap.offset, snap.token_ids, snap.fingerprint)

@@ -5,6 +5,8 @@ import pytest
 
 import kvlab as kv
 from kvlab.errors import BudgetError, KvlabError, RequestError, SnapshotError
+from kvlab.stores.base import MISS, EventLog, Match, StoreBase
+from kvlab.tokens import common_prefix_len
 from kvlab.workloads import Request
 
 pytestmark = pytest.mark.model
@@ -230,3 +232,65 @@ def test_budget_smaller_than_one_entry(tiny, conversation):
         kv.RadixStore(budget_bytes=0)
     with pytest.raises(BudgetError, match="num_blocks must be a positive int"):
         kv.PagedStore(num_blocks=0)
+
+
+# -- a match that cannot be trimmed, run_all --------------------------------------------------------
+
+class OffersItsEntryWhole(StoreBase):
+    """A store that answers every lookup with its one entry, untrimmed, trusting the Engine to trim
+    it to the shared tokens (as a third-party store may)."""
+
+    name = "offers-whole"
+
+    def __init__(self):
+        self.snap, self.log = None, EventLog()
+
+    @property
+    def nbytes(self) -> int:
+        return self.snap.nbytes if self.snap is not None else 0
+
+    @property
+    def entries(self) -> int:
+        return int(self.snap is not None)
+
+    def lookup(self, key, tokens, *, limit):
+        if self.snap is None:
+            return MISS
+        shared = min(common_prefix_len(self.snap.token_ids, key.ids), limit)
+        return Match("lcp", shared, self.snap, self.snap.offset, 1) if shared else MISS
+
+    def insert(self, key, tokens, snap, *, kind="prompt"):
+        self.snap = self.snap or snap
+
+
+def test_untrimmable_match_falls_back_to_a_miss_with_the_why(tiny_hybrid, conversation):
+    store = OffersItsEntryWhole()
+    engine = kv.Engine(tiny_hybrid, store, checkpoints=False, verify=True)
+    first = engine.run(conversation[1], max_tokens=2)
+    edited = [*conversation[1].messages[:-1],
+              {"role": "user", "content": conversation[1].messages[-1]["content"] + " Say it differently."}]
+    r = engine.run(edited, max_tokens=2)
+    offered = store.lookup(engine.key_of(edited), None, limit=r.prompt_tokens - 1)
+    assert 0 < offered.tokens < store.snap.offset == first.prompt_tokens  # a trim was needed
+    assert (r.match, r.reused_tokens, r.prefilled_tokens) == ("miss", 0, r.prompt_tokens)
+    assert r.why.startswith("could not trim the matched entry: layer 0 (ArraysCache) cannot be trimmed")
+    cold = kv.Engine(tiny_hybrid, None).run(edited, max_tokens=2)
+    assert r.output_ids == cold.output_ids and r.verify_diff == 0.0
+    rows = engine.events.filter((engine.events["request"] == 2) & engine.events["event"].is_in(["hit", "miss"]))
+    assert rows.select("event", "tokens", "entry", "detail").rows() == [("miss", 0, None, "miss")]
+
+
+def test_run_all_runs_every_request_in_order(tiny):
+    wl = kv.workloads.shared_system_prompt(num_users=3, system_tokens=60)
+    each = kv.Engine(tiny, kv.RadixStore())
+    one_by_one = [each.run(r, max_tokens=2) for r in wl]
+    engine = kv.Engine(tiny, kv.RadixStore())
+    frame = engine.run_all(wl, max_tokens=2)
+    assert frame.height == 3 and frame["request_id"].to_list() == [1, 2, 3]
+    assert frame["reused_tokens"].to_list() == [r.reused_tokens for r in one_by_one]
+    assert frame["reused_tokens"][0] == 0 and min(frame["reused_tokens"][1:]) > 0
+    assert frame["output_ids"].to_list() == [list(r.output_ids) for r in one_by_one]
+    assert frame["match"].to_list() == [r.match for r in one_by_one]
+    assert all(len(ids) <= 2 for ids in frame["output_ids"].to_list())
+    assert frame.equals(engine.results_frame()) and engine.stats()["requests"] == 3
+    assert engine.run_all([], max_tokens=2).height == 3  # nothing new: the same frame

@@ -235,3 +235,69 @@ def test_needs_a_model_first():
     fresh = kv.magics.KvlabMagics(None)
     with pytest.raises(UsageError, match=r"no model loaded: run `%kvlab load tiny`"):
         fresh.state.need_model()
+
+
+# -- inspect, --budget-mb, --verify ---------------------------------------------------------------
+
+def test_inspect_follows_the_engine(shell):
+    magic(shell, "load m --budget-mb 2")
+    engine = kv.magics.state(shell).engine
+    ins = magic(shell, "inspect")
+    assert isinstance(ins, kv.Inspector) and ins.engine is engine and ins.store is engine.store
+    before = ins.state()
+    assert before["requests"] == 0 and before["memory"]["budget_bytes"] == 2 * 2**20
+    magic(shell, "run shared_system_prompt --users 2 --system-tokens 40 --max-tokens 1")
+    s = ins.state()  # the same engine ran: the inspector saw both requests through on_result
+    assert s["requests"] == 2 and s["table_rows"] == 2 and s["live"] == engine.stats()
+    assert s["live"]["reused_tokens"] == engine.results[1].reused_tokens > 0
+    assert s["memory"]["bytes"] == engine.store.nbytes
+    assert s["tree"]["tokens"] == engine.store.tree_frame()["tokens"].sum()
+    fresh = magic(shell, "inspect")
+    assert fresh is not ins and fresh.state()["requests"] == 2  # a new one shows the history too
+    magic(shell, "load m --store none")
+    assert magic(shell, "inspect").engine.store is None
+    magic(shell, "load m")
+
+
+@pytest.mark.parametrize("store, limit", [("radix", lambda s: s.budget_bytes),
+                                          ("paged", lambda s: s.budget_bytes),
+                                          ("system", lambda s: s.budget_bytes),
+                                          ("mlx-lru", lambda s: s.cache.max_bytes)])
+def test_budget_mb_is_the_stores_byte_limit(shell, store, limit):
+    engine = magic(shell, f"load m --store {store} --budget-mb 2.75").engine
+    assert limit(engine.store) == int(2.75 * 2**20) == 2883584
+    # a later run with other options keeps the budget; --budget-mb on run replaces it
+    view = magic(shell, f"run shared_system_prompt --users 2 --system-tokens 40 --max-tokens 1 --store {store}")
+    assert limit(view.engine.store) == 2883584
+    view = magic(shell, "run shared_system_prompt --users 2 --system-tokens 40 --max-tokens 1 --budget-mb 1.5")
+    assert limit(view.engine.store) == 1572864 and view.engine.store.name == engine.store.name
+    magic(shell, "load m")
+    assert kv.magics.state(shell).engine.store.budget_bytes != 1572864  # load forgets it
+
+
+def test_a_small_budget_mb_evicts_and_holds(shell, tiny):
+    per_token = kv.snapshot(kv.prefill(tiny, [1, 2, 3, 4])[1]).nbytes // 4
+    mib = 1000 * per_token / 2**20  # room for one of these ~700-token prompts, not two
+    magic(shell, f"load m --budget-mb {mib!r}")
+    view = magic(shell, "run shared_system_prompt --users 4 --system-tokens 40 --max-tokens 1")
+    store = view.engine.store
+    assert store.budget_bytes == int(mib * 2**20) == 1000 * per_token
+    assert store.entries == 1 and 0 < store.nbytes <= store.budget_bytes
+    assert view.stats["evictions"] == 3 == view.engine.events.filter(
+        view.engine.events["detail"] == "lru").height
+    magic(shell, "load m")
+
+
+def test_verify_compares_every_hit_with_a_cold_prefill(shell):
+    plain = magic(shell, "load m").engine
+    magic(shell, "run shared_system_prompt --users 2 --system-tokens 40 --max-tokens 1")
+    assert not plain.verify and [r.verify_diff for r in plain.results] == [None, None]
+    view = magic(shell, "run shared_system_prompt --users 3 --system-tokens 40 --max-tokens 1 --verify")
+    engine = view.engine
+    assert engine is not plain and engine.verify
+    diffs = [r.verify_diff for r in engine.results]
+    assert [r.reused_tokens > 0 for r in engine.results] == [False, True, True]
+    assert diffs[0] == 0.0 and all(0.0 < d < 1e-4 for d in diffs[1:])  # float32 tiny: ~1e-5
+    again = magic(shell, "run shared_system_prompt --users 2 --system-tokens 40 --max-tokens 1")
+    assert again.engine is engine  # the verifying engine stays the shell's engine
+    magic(shell, "load m")

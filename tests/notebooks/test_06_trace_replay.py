@@ -12,7 +12,9 @@ def test_06_trace_replay(tmp_path):
     # the trace ships in data/traces/: no skip, a missing trace is a failure
     df, _ = execute("06_trace_replay", tmp_path, capacity_points=6)
     infinite = df.filter(pl.col("policy") == "infinite").row(0, named=True)
-    assert abs(infinite["token_hit_ratio"] - 0.66) <= 0.01
+    # Mooncake FAST'25 publishes 66% for this trace; kvlab's exact replay, pinned (65.04%, 1,761 requests)
+    assert (infinite["hit_tokens"], infinite["prompt_tokens"]) == (39_802_880, 61_194_628)
+    assert round(infinite["request_hit_ratio"] * 3993) == 1761
     assert infinite["requests"] == 3993 and infinite["capacity_tokens"] is None
     for policy in ("lru", "fifo", "lfu"):
         f = df.filter(pl.col("policy") == policy).sort("capacity_tokens")

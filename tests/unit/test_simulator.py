@@ -168,9 +168,15 @@ def test_mooncake_synthetic_trace_unbounded_cache_ratio():
     except kv.TraceError as e:
         pytest.skip(f"Mooncake synthetic trace not available ({e})")
     r = kv.simulate(kv.traces.read(path), "infinite")
-    # Mooncake FAST'25 Table 2: cache ratio 66% for the synthetic workload, unbounded capacity
-    assert abs(r.summary["token_hit_ratio"] - 0.66) <= 0.01
-    assert r.summary["requests"] == 3993
+    # Mooncake FAST'25 Table 2 publishes a 66% cache ratio for this synthetic workload with unbounded
+    # capacity. kvlab's exact replay (full 512-token blocks only, the trailing partial block never
+    # cached) gives 39,802,880 of 61,194,628 prompt tokens (65.04%) and 1,761 of 3,993 requests hit:
+    # pinned exactly, so any change to the replay shows.
+    s = r.summary
+    assert (s["requests"], s["prompt_tokens"], s["hit_tokens"], s["hit_blocks"]) == (
+        3993, 61_194_628, 39_802_880, 77_740)
+    assert round(s["request_hit_ratio"] * s["requests"]) == 1761
+    assert s["hit_tokens"] == s["hit_blocks"] * 512
     assert kv.simulate(path, "lru").summary["hit_tokens"] == r.summary["hit_tokens"]
 
 

@@ -1,0 +1,225 @@
+"""BENCHMARKS.md and the README's summary, generated from one ``kvlab bench`` run: the targets, what
+was measured against each and whether it was met are computed here from the tables' raw values,
+never typed by hand.
+
+    kvlab bench --model smollm2 --repeats 3 --write BENCHMARKS.md
+
+Example:
+    >>> tables = kv.bench.run("tiny", repeats=2, only=["hashing"])
+    >>> summary_table(tables).rows[0][2] in ("met", "not met", "not measured")
+    True
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Callable
+
+from ..errors import KvlabError
+from .table import Table
+
+START, END = "<!-- bench-summary:start -->", "<!-- bench-summary:end -->"
+KVLAB_STORES = ("radix", "paged")  # the TTFT rows that are kvlab's own stores
+LRU = "mlx-lm LRUPromptCache"
+
+
+@dataclass(frozen=True)
+class Target:
+    """One target: what it promises, the section measuring it, and ``check(values) -> (met,
+    measured)`` computing both from that section's ``Table.values``."""
+
+    promise: str
+    section: str
+    check: Callable[[dict], tuple[bool, str]]
+
+    def __repr__(self) -> str:
+        return f"Target({self.promise!r}, from {self.section})"
+
+    def _repr_html_(self) -> str:
+        import html
+
+        return f"<code>{html.escape(repr(self))}</code>"
+
+
+def _blas(v: dict) -> tuple[bool, str]:
+    ref, fast = v["reference"], v["openblas"]
+    mm, pf = fast["gflops"] / ref["gflops"], fast["prefill_tokens_per_s"] / ref["prefill_tokens_per_s"]
+    return (mm >= 10 and pf >= 10 and fast["fast_blas"],
+            f"matmul {ref['gflops']:.1f} -> {fast['gflops']:.0f} GFLOP/s ({mm:.0f}x); {v['model']} prefill "
+            f"of {v['prefill_tokens']} tokens {ref['prefill_tokens_per_s']:.1f} -> "
+            f"{fast['prefill_tokens_per_s']:.0f} tokens/s ({pf:.0f}x)")
+
+
+def _ttft(v: dict) -> tuple[bool, str]:
+    s = v["seconds"]
+    limit, lru = s["physical limit"]["median"], s[LRU]
+    parts, met = [], True
+    for name in KVLAB_STORES:
+        m = s[name]["median"]
+        met &= m <= 1.10 * limit and m <= lru["median"] + lru["pstdev"]
+        parts.append(f"{name} {m / limit:.2f}x")
+    parts.append(f"{LRU} {lru['median'] / limit:.2f}x (pstdev {lru['pstdev'] / limit:.2f}x)")
+    return met, ", ".join(parts) + " of the physical limit"
+
+
+def _snapshot(v: dict) -> tuple[bool, str]:
+    lengths = v["lengths"]
+    med = {n: x["seconds"]["median"] for n, x in lengths.items()}
+    lo, hi = min(med.values()), max(med.values())
+    first, last = min(lengths), max(lengths)
+    return (hi <= 3 * lo,
+            f"{lo * 1e3:.2f}-{hi * 1e3:.2f} ms from {first} to {last} tokens "
+            f"({lengths[first]['nbytes'] / 2**20:.0f} to {lengths[last]['nbytes'] / 2**20:.0f} MiB of KV)")
+
+
+def _paged_memory(v: dict) -> tuple[bool, str]:
+    stores, lower = v["stores"], v["lower_bound"]
+    paged = next(x for name, x in stores.items() if name.startswith("paged"))
+    others = ", ".join(f"{name} {x['counter'] / lower:.2f}x" for name, x in stores.items()
+                       if not name.startswith("paged"))
+    ratio = paged["counter"] / lower
+    return ratio <= 1.10, f"paged {ratio:.2f}x ({paged['counter'] / 2**20:.0f} MiB); {others}"
+
+
+def _counter_is_memory(v: dict) -> tuple[bool, str]:
+    ratios = {name: x["allocator"] / max(x["counter"], 1) for name, x in v["stores"].items()}
+    return (all(abs(r - 1) <= 0.10 for r in ratios.values()),
+            ", ".join(f"{name} {r:.2f}" for name, r in ratios.items()) + " (allocator / counter)")
+
+
+def _hashing(v: dict) -> tuple[bool, str]:
+    x = v["xxh3_128"]
+    return x["median"] >= 20e6, (f"{x['median'] / 1e6:.1f}M tokens/s "
+                                 f"({x['min'] / 1e6:.1f}-{x['max'] / 1e6:.1f}M)")
+
+
+def _simulator(v: dict) -> tuple[bool, str]:
+    return (v["speedup"]["median"] >= 10 and v["identical"],
+            f"{v['speedup']['median']:.0f}x (kernel), {v['speedup_end_to_end']['median']:.0f}x end to end, "
+            f"{len(v['capacities_tokens'])} capacities, results {'identical' if v['identical'] else 'DIFFERENT'}")
+
+
+TARGETS = (
+    Target("OpenBLAS path on Linux CPU: >= 10x the bundled reference BLAS on float32 matmul and on "
+           "prefill", "blas", _blas),
+    Target("cached TTFT (radix, paged) within 1.10x of the physical limit and no slower than "
+           "LRUPromptCache (median <= its median + pstdev)", "ttft", _ttft),
+    Target("snapshot + restore flat in cached length (slowest median <= 3x the fastest)", "snapshot", _snapshot),
+    Target("PagedStore memory within 1.10x of the lower bound", "memory", _paged_memory),
+    Target("every store's byte counter within 10% of the memory the allocator shows it holding",
+           "memory", _counter_is_memory),
+    Target("xxh3_128 block hashing >= 20M tokens/s", "hashing", _hashing),
+    Target("16-capacity LRU sweep over 12k requests >= 10x faster than 16 plain-Python replays, "
+           "identical results", "simulator", _simulator),
+)
+
+
+def _by_section(tables) -> dict[str, Table]:
+    return {t.section: t for t in tables if t.section}
+
+
+def summary_table(tables) -> Table:
+    """One row per target: the promise, what this run measured, and "met" / "not met" (or "not
+    measured" when its section was not run), all computed from the tables' values.
+
+    Example:
+        >>> [row[0] for row in summary_table([]).rows][-1].startswith("16-capacity LRU sweep")
+        True
+    """
+    sections = _by_section(tables)
+    rows = []
+    for t in TARGETS:
+        if t.section not in sections:
+            rows.append((t.promise, f"(not run: add {t.section} to --only)", "not measured"))
+            continue
+        met, measured = t.check(sections[t.section].values)
+        rows.append((t.promise, measured, "met" if met else "not met"))
+    return Table("Summary against the targets", "computed from the tables below (kvlab/bench/summary.py)",
+                 ("target", "measured", "met"), tuple(rows), section="summary")
+
+
+def findings(tables) -> list[str]:
+    """Findings stated with this run's numbers (only those whose sections were run).
+
+    Example:
+        >>> findings([])
+        []
+    """
+    s = _by_section(tables)
+    if "exp" not in s:
+        return []
+    v = s["exp"].values
+    mlx, numpy = v["seconds"]["mlx (mx.exp)"]["median"], v["seconds"]["numpy (np.exp)"]["median"]
+    text = (f"**Finding (not fixed): MLX's CPU `exp` is slow.** `mx.exp` on {v['n'] / 1e6:.1f}M float32 "
+            f"values takes {mlx * 1e3:.1f} ms ({v['n'] / mlx / 1e6:.0f}M values/s); NumPy takes "
+            f"{numpy * 1e3:.1f} ms on the same values ({mlx / numpy:.0f}x less). Softmax inherits it, so "
+            "attention's share of prefill grows with the context")
+    if "blas" in s and "ttft" in s:
+        b, t = s["blas"].values, s["ttft"].values
+        lens, short = t["prompt_tokens"][1:], b["openblas"]["prefill_tokens_per_s"]
+        cold = t["cold_tokens_per_s"]["median"]
+        text += (f": {b['model']} prefills {b['prefill_tokens']} tokens at {short:.0f} tokens/s (BLAS "
+                 f"table) and the TTFT table's cold prefills of {min(lens)}-{max(lens)} tokens at "
+                 f"{cold:.0f} tokens/s")
+        if cold < short:
+            text += (f" ({short / cold:.1f}x slower per token). That is why the TTFT table uses a loop "
+                     "of this length rather than several thousand tokens")
+    return [text + ". The cache comparisons are ratios and do not depend on it."]
+
+
+def header(command: str, machine: str, when: str) -> str:
+    """The provenance line every generated text starts with."""
+    return f"Generated by `{command}` on {when} ({machine})."
+
+
+def document(tables, *, command: str, machine: str, when: str) -> str:
+    """The whole BENCHMARKS.md: header, summary against the targets, findings, every table.
+
+    Example:
+        >>> document([], command="kvlab bench", machine="m", when="today").splitlines()[0]
+        '# kvlab benchmarks'
+    """
+    parts = ["# kvlab benchmarks\n",
+             f"{header(command, machine, when)} Every figure in this file, the summary and the findings "
+             "included, is computed from that one run; the command rewrites the whole file (`make bench`). "
+             "Contenders run side by side in the same process over the same repeats; times are median ± "
+             "population stdev (min-max). Each table names the narrower command that reproduces it.\n",
+             "## Summary against the targets\n", _markdown_rows(summary_table(tables))]
+    found = findings(tables)
+    if found:
+        parts += ["## Findings\n", "\n\n".join(found) + "\n"]
+    parts += ["## Tables\n"] + [t.markdown() for t in tables]
+    return "\n".join(parts)
+
+
+def readme_block(tables, *, command: str, machine: str, when: str, details: str | None = "BENCHMARKS.md") -> str:
+    """What goes between the README's markers: the same summary, from the same numbers, and a link
+    to the ``details`` file (the one written with it).
+
+    Example:
+        >>> readme_block([], command="kvlab bench", machine="m", when="today").startswith("Generated")
+        True
+    """
+    link = f" Details in [{os.path.basename(details)}]({details})." if details else ""
+    return f"{header(command, machine, when)}{link}\n\n" + _markdown_rows(summary_table(tables))
+
+
+def replace_marked(text: str, block: str, *, name: str = "README.md") -> str:
+    """``text`` with everything between the bench-summary markers replaced by ``block``; the
+    markers stay. Raises KvlabError when the markers are missing, repeated or out of order.
+
+    Example:
+        >>> replace_marked(f"a\\n{START}\\nold\\n{END}\\nb", "new")
+        'a\\n<!-- bench-summary:start -->\\nnew\\n<!-- bench-summary:end -->\\nb'
+    """
+    if text.count(START) != 1 or text.count(END) != 1 or text.index(START) > text.index(END):
+        raise KvlabError(f"{name} needs exactly one {START} line followed by one {END} line for "
+                         "kvlab bench to rewrite the summary between them; add them (or fix their order)")
+    head, rest = text.split(START, 1)
+    _, tail = rest.split(END, 1)
+    return f"{head}{START}\n{block.strip()}\n{END}{tail}"
+
+
+def _markdown_rows(table: Table) -> str:
+    return table.markdown().split("\n\n", 2)[2]  # the table without its title and command lines
