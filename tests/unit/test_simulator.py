@@ -108,7 +108,8 @@ def test_summary_names_both_hit_rates():
     assert s["token_hit_ratio"] == pytest.approx(8 / 27)
     assert s["request_hit_ratio"] == pytest.approx(1 / 3)
     assert {"hit_tokens", "prompt_tokens", "requests", "evictions", "hit_blocks"} <= set(s)
-    assert r.requests.columns == ["request", "pass", "prompt_tokens", "hit_blocks", "hit_tokens", "hit"]
+    assert r.requests.columns == ["request", "pass", "prompt_tokens", "hit_blocks", "hit_tokens", "hit",
+                                  *kv.simulator.MISS_REASONS, "evicted_by"]
     assert r.requests["hit"].to_list() == [False, True, False]
     assert "token hit 29.6%" in repr(r) and "\n" not in repr(r)
     assert "<table>" in r._repr_html_()
@@ -277,8 +278,8 @@ def test_chat_workloads_need_a_tokenizer():
 
 def test_errors_say_what_to_do():
     t = trace([(9, [0, 1, 2])])
-    with pytest.raises(KvlabError, match="unknown policy 'arc'"):
-        kv.simulate(t, "arc")
+    with pytest.raises(KvlabError, match="unknown policy 'clock'"):
+        kv.simulate(t, "clock")
     with pytest.raises(BudgetError, match="int >= 0"):
         kv.simulate(t, "lru", -5)
     with pytest.raises(BudgetError, match="never evicts"):

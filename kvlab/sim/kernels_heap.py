@@ -1,0 +1,155 @@
+"""Compiled replays of the heap-based policies: lfu, length_aware, priority, belady (one kernel,
+a mode each) and cost_aware (leaf-only GreedyDual). Each mirrors its definition in
+kvlab.policies: the same keys, the same per-access clock as the last tie-break."""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from ..policies.weighted import PINNED
+from .kernels_common import NEVER, heap_pop, heap_push, leading_hits, new_log
+
+MODES = {"lfu": 0, "length_aware": 1, "priority": 2, "belady": 3}
+
+
+def run_heap(policy: str, rep, cap: int, arg: int):
+    """Dispatch lfu / length_aware / priority (``arg``: pin_tokens) / belady."""
+    evb, evr = new_log(rep.inserted)
+    nxt = next_uses(rep.flat, rep.offsets, rep.hittable, rep.inserted, rep.n_blocks) \
+        if policy == "belady" else np.zeros(1, np.int64)
+    hits, n = _heap_kernel(rep.flat, rep.offsets, rep.hittable, rep.inserted, rep.n_blocks, cap,
+                           MODES[policy], rep.block_size, rep.priorities(), arg, nxt, evb, evr)
+    return hits, evb[:n], evr[:n]
+
+
+def run_cost(rep, cap: int, linear: int):
+    evb, evr = new_log(rep.inserted)
+    hits, n = _cost_kernel(rep.flat, rep.offsets, rep.hittable, rep.inserted, rep.n_blocks, cap,
+                           rep.block_size, linear, evb, evr)
+    return hits, evb[:n], evr[:n]
+
+
+@numba.njit(cache=True)
+def next_uses(flat, offsets, hittable, inserted, n_blocks):
+    """For every inserted block reference, the index of the next request that holds the same
+    block within its hittable blocks (NEVER if none): what belady ranks by."""
+    nxt = np.full(max(1, offsets[-1]), NEVER, np.int64)
+    seen = np.full(max(1, n_blocks), NEVER, np.int64)
+    for r in range(len(hittable) - 1, -1, -1):
+        s = offsets[r]
+        for j in range(inserted[r]):
+            nxt[s + j] = seen[flat[s + j]]
+        for j in range(hittable[r]):
+            seen[flat[s + j]] = r
+    return nxt
+
+
+@numba.njit(cache=True)
+def _heap_kernel(flat, offsets, hittable, inserted, n_blocks, cap, mode, bs, prio, pin_tokens,
+                 nxt, evb, evr):
+    hits = np.zeros(len(hittable), np.int64)
+    resident = np.zeros(max(1, n_blocks), np.bool_)
+    count = np.zeros(max(1, n_blocks), np.int64)   # lfu counts, or priority levels
+    version = np.zeros(max(1, n_blocks), np.int64)
+    h = np.empty((max(1, inserted.sum()) + 1, 4), np.int64)  # one push per access
+    n = 0
+    clock = 0
+    size = 0
+    n_ev = 0
+    for r in range(len(hittable)):
+        s = offsets[r]
+        hits[r] = leading_hits(flat, s, hittable[r], resident)
+        for j in range(inserted[r] - 1, -1, -1):
+            b = flat[s + j]
+            clock += 1
+            k2 = 0
+            if mode <= 1:
+                count[b] = count[b] + 1 if resident[b] else 1
+                k1 = count[b]
+                if mode == 1:
+                    k2 = -(j * bs)
+            elif mode == 2:
+                lv = PINNED if j * bs + bs <= pin_tokens else prio[r]
+                count[b] = max(count[b], lv) if resident[b] else lv
+                k1 = count[b]
+            else:
+                k1 = -nxt[s + j]
+                k2 = -(j * bs)
+            if not resident[b]:
+                resident[b] = True
+                size += 1
+            version[b] = clock
+            n = heap_push(h, n, k1, k2, clock, b)
+        if cap < 0:
+            continue
+        while size > cap:
+            while True:
+                b, st = h[0, 3], h[0, 2]
+                n = heap_pop(h, n)
+                if resident[b] and version[b] == st:
+                    break
+            resident[b] = False
+            size -= 1
+            evb[n_ev] = b
+            evr[n_ev] = r
+            n_ev += 1
+    return hits, n_ev
+
+
+@numba.njit(cache=True)
+def _cost_kernel(flat, offsets, hittable, inserted, n_blocks, cap, bs, linear, evb, evr):
+    hits = np.zeros(len(hittable), np.int64)
+    nb = max(1, n_blocks)
+    resident = np.zeros(nb, np.bool_)
+    freq = np.zeros(nb, np.int64)
+    value = np.zeros(nb, np.int64)   # H = inflation + hits x recompute cost
+    stamp = np.zeros(nb, np.int64)
+    parent = np.full(nb, -1, np.int64)
+    children = np.zeros(nb, np.int64)
+    h = np.empty((2 * max(1, inserted.sum()) + 1, 4), np.int64)  # accesses + leaf re-pushes
+    n = 0
+    inflation = 0
+    clock = 0
+    size = 0
+    n_ev = 0
+    for r in range(len(hittable)):
+        s = offsets[r]
+        hits[r] = leading_hits(flat, s, hittable[r], resident)
+        for j in range(inserted[r] - 1, -1, -1):
+            b = flat[s + j]
+            clock += 1
+            if resident[b]:
+                freq[b] += 1
+            else:
+                resident[b] = True
+                size += 1
+                freq[b] = 1
+                p = flat[s + j - 1] if j > 0 else -1
+                parent[b] = p
+                if p >= 0:
+                    children[p] += 1
+            d = j * bs
+            value[b] = inflation + freq[b] * (bs * linear + bs * d + bs * (bs - 1) // 2)
+            stamp[b] = clock
+            n = heap_push(h, n, value[b], 0, clock, b)
+        if cap < 0:
+            continue
+        while size > cap:
+            while True:
+                b, st = h[0, 3], h[0, 2]
+                n = heap_pop(h, n)
+                if resident[b] and stamp[b] == st and children[b] == 0:
+                    break
+            inflation = value[b]
+            resident[b] = False
+            size -= 1
+            p = parent[b]
+            if p >= 0:
+                children[p] -= 1
+                if children[p] == 0 and resident[p]:
+                    n = heap_push(h, n, value[p], 0, stamp[p], p)
+            evb[n_ev] = b
+            evr[n_ev] = r
+            n_ev += 1
+    return hits, n_ev
