@@ -15,9 +15,9 @@ Example:
 
 from .base import NEVER, Policy, Unit
 from .reasons import ALL_REASONS, MISS_REASONS
-from .table import ONLINE, POLICIES, PolicyInfo, make_policy, policies_frame
+from .table import ONLINE, POLICIES, PolicyInfo, make_policy, policies_frame, store_policy
 from .weighted import KIND_PRIORITY, LINEAR_TOKENS, PINNED, recompute_cost
 
 __all__ = ["POLICIES", "ONLINE", "PolicyInfo", "Policy", "Unit", "NEVER", "make_policy",
-           "policies_frame", "MISS_REASONS", "ALL_REASONS", "KIND_PRIORITY", "LINEAR_TOKENS",
+           "policies_frame", "store_policy", "MISS_REASONS", "ALL_REASONS", "KIND_PRIORITY", "LINEAR_TOKENS",
            "PINNED", "recompute_cost"]

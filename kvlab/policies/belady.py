@@ -6,10 +6,12 @@ from .base import LazyHeap, Policy, Unit
 
 
 class Belady(Policy):
-    """Evict the unit whose next *hittable* use is farthest (``Unit.next_use``: the index of the
-    next request that could hit it, i.e. holds it within its first n-1 tokens; NEVER if none);
-    ties: the deeper unit first, so a block's descendants go before it; then least recently
-    used. Offline: only a replay knows next uses, so stores refuse it.
+    """Evict the unit whose next hittable use is farthest (``Unit.next_use``: the index of the
+    next request that accesses it, when that request can hit it, i.e. holds it within its first
+    n-1 tokens; NEVER when the next access cannot hit it, since that access re-inserts the
+    block anyway, or when there is none); ties: the deeper unit first, so a block's descendants
+    go before it; then least recently used. Offline: only a replay knows next uses, so stores
+    refuse it.
 
     Under kvlab's simulator semantics (every full block of a request is inserted, then the cache
     evicts down to capacity; a request hits the leading run of resident blocks) this is the

@@ -93,3 +93,26 @@ def policies_frame():
 
     return pl.DataFrame([{"policy": p.name, "offline": p.offline, "semantics": p.semantics,
                           "source": p.source} for p in POLICIES.values()])
+
+
+def store_policy(policy, capacity: int | None, params: dict | None = None, *, store: str = "store") -> Policy:
+    """The policy a store evicts with: a name from POLICIES (made with ``capacity`` and
+    ``params``) or a ready Policy instance. Offline policies are refused: a store cannot know
+    the future.
+
+    Example:
+        >>> store_policy("arc", 1 << 20, store="radix")
+        ARC(0 units, size 0 of 1,048,576)
+    """
+    if isinstance(policy, Policy):
+        if params:
+            raise KvlabError(f"{store}: policy_params apply to a policy name; configure the "
+                             f"{type(policy).__name__} instance itself")
+        chosen = policy
+    else:
+        chosen = make_policy(policy, capacity, **(params or {}))
+    if chosen.offline:
+        raise KvlabError(f"{store}: policy {chosen.name!r} is offline (it ranks by each unit's next "
+                         "use, which only a replay knows); use it in kv.simulate / kv.sweep, or "
+                         f"give the store one of {', '.join(ONLINE)}")
+    return chosen

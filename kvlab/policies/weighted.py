@@ -28,9 +28,12 @@ def recompute_cost(depth: int, tokens: int, linear: int = LINEAR_TOKENS) -> int:
 class Priority(Policy):
     """Evict the lowest priority first, least recently used among equals (SGLang's
     PriorityStrategy). A unit's priority is the highest of the requests that used it while
-    resident. Units lying within a prompt's first ``pin_tokens`` tokens (a shared system prompt)
-    are pinned: priority PINNED, evicted only when every resident unit is pinned (a cache that
-    must insert a request has to drop something)."""
+    resident (``Unit.priority``: in the simulator a trace's ``priority`` column or
+    ``priorities=``, one int per request; in the stores ``KIND_PRIORITY`` of the insert kind).
+    Pinning: a request of priority ``PINNED`` pins its units, and ``pin_tokens`` pins the units
+    within every prompt's first ``pin_tokens`` tokens (its system prompt, whichever it is).
+    Pinned units go only when every resident unit is pinned (a cache that must insert a request
+    has to drop something)."""
 
     name = "priority"
 

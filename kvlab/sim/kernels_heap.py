@@ -32,16 +32,17 @@ def run_cost(rep, cap: int, linear: int):
 
 @numba.njit(cache=True)
 def next_uses(flat, offsets, hittable, inserted, n_blocks):
-    """For every inserted block reference, the index of the next request that holds the same
-    block within its hittable blocks (NEVER if none): what belady ranks by."""
+    """For every inserted block reference, the request where keeping the block next pays off:
+    its next access if that access can hit it (within the first n-1 tokens), NEVER if the next
+    access cannot (it re-inserts the block anyway) or never comes. What belady ranks by."""
     nxt = np.full(max(1, offsets[-1]), NEVER, np.int64)
     seen = np.full(max(1, n_blocks), NEVER, np.int64)
     for r in range(len(hittable) - 1, -1, -1):
         s = offsets[r]
         for j in range(inserted[r]):
             nxt[s + j] = seen[flat[s + j]]
-        for j in range(hittable[r]):
-            seen[flat[s + j]] = r
+        for j in range(inserted[r] - 1, -1, -1):
+            seen[flat[s + j]] = r if j < hittable[r] else NEVER
     return nxt
 
 

@@ -13,14 +13,15 @@ FIRST_SEEN, EVICTED, DIVERGED, PARTIAL, SALT, OVER = range(6)  # MISS_REASONS or
 
 
 def next_uses_python(rep: Replay) -> list[int]:
-    """Per block reference: the next request holding that block within its hittable blocks."""
+    """Per inserted block reference: the next request that accesses the block, if that access
+    can hit it; NEVER if it cannot (it re-inserts the block for free) or never comes."""
     flat, nxt, seen = rep.flat.tolist(), [NEVER] * len(rep.flat), {}
     for r in range(len(rep.tokens) - 1, -1, -1):
-        s = int(rep.offsets[r])
-        for j in range(int(rep.inserted[r])):
+        s, h, ins = int(rep.offsets[r]), int(rep.hittable[r]), int(rep.inserted[r])
+        for j in range(ins):
             nxt[s + j] = seen.get(flat[s + j], NEVER)
-        for j in range(int(rep.hittable[r])):
-            seen[flat[s + j]] = r
+        for j in reversed(range(ins)):
+            seen[flat[s + j]] = r if j < h else NEVER
     return nxt
 
 

@@ -14,6 +14,7 @@ import kvlab as kv
 from kvlab.errors import BlockSizeError, BudgetError, KvlabError
 from kvlab.bench.simulator import bench_simulator
 from kvlab.cli import main
+from kvlab.policies import MISS_REASONS
 from kvlab.sim_kernels import replay_kernel
 from kvlab.simulator import prepare_replay, replay_python
 
@@ -109,7 +110,7 @@ def test_summary_names_both_hit_rates():
     assert s["request_hit_ratio"] == pytest.approx(1 / 3)
     assert {"hit_tokens", "prompt_tokens", "requests", "evictions", "hit_blocks"} <= set(s)
     assert r.requests.columns == ["request", "pass", "prompt_tokens", "hit_blocks", "hit_tokens", "hit",
-                                  *kv.simulator.MISS_REASONS, "evicted_by"]
+                                  *MISS_REASONS, "evicted_by"]
     assert r.requests["hit"].to_list() == [False, True, False]
     assert "token hit 29.6%" in repr(r) and "\n" not in repr(r)
     assert "<table>" in r._repr_html_()
