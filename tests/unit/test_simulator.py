@@ -15,6 +15,7 @@ from kvlab.errors import BlockSizeError, BudgetError, KvlabError
 from kvlab.bench.simulator import bench_simulator
 from kvlab.cli import main
 from kvlab.policies import MISS_REASONS
+from kvlab.policies import POLICIES as POLICY_TABLE
 from kvlab.sim_kernels import replay_kernel
 from kvlab.simulator import prepare_replay, replay_python
 
@@ -303,3 +304,38 @@ def test_bench_simulator_reports_speedup_and_throughput():
     assert b["identical"] and b["requests"] == 200 and len(b["capacities_tokens"]) == 4
     assert {"median", "min", "max", "n"} <= set(b["speedup"])
     assert b["blocks_per_s"]["sweep"]["median"] > 0
+
+
+# --- every policy through the CLI; the sweep's ceiling ---------------------------------------
+
+
+@pytest.mark.parametrize("policy", ["infinite", *POLICY_TABLE])
+def test_cli_accepts_every_policy(policy, tmp_path, capsys):
+    t = kv.traces.from_requests([list(range(40)), list(range(40)), list(range(30)), list(range(60))], 4,
+                                block_size=8)
+    path = t.write(tmp_path / "t.jsonl")
+    cap = "inf" if policy == "infinite" else "16"
+    assert main(["simulate", str(path), "--block-size", "8", "--policy", policy, "--capacity-tokens", cap,
+                 "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    want = kv.simulate(t, policy, None if policy == "infinite" else 16)
+    assert data["policy"] == policy and data["hit_tokens"] == want.summary["hit_tokens"]
+    assert sum(data["miss_reasons"].values()) == data["prompt_tokens"] - data["hit_tokens"]
+
+
+def test_cli_sweep_reports_the_belady_ceiling(tmp_path, capsys):
+    t = kv.traces.from_requests([list(range(40)), list(range(100, 140)), list(range(40)), list(range(30))], 4,
+                                block_size=8)
+    path = t.write(tmp_path / "t.jsonl")
+    assert main(["simulate", str(path), "--block-size", "8", "--policy", "fifo", "--sweep", "16,40,inf",
+                 "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["ceiling"] == "belady"
+    rows = data["sweep"]
+    best = kv.sweep(t, "belady", [16, 40, None])["hit_tokens"].to_list()
+    assert [r["belady_hit_tokens"] for r in rows] == best
+    assert all(r["hit_tokens"] <= r["belady_hit_tokens"] for r in rows)
+    assert main(["simulate", str(path), "--block-size", "8", "--sweep", "16,inf"]) == 0
+    out = capsys.readouterr().out
+    assert "belady_*: the offline optimum at each capacity" in out and "gap_to_be" in out
+    assert main(["simulate", str(path), "--policy", "clock"]) == 2
