@@ -338,4 +338,6 @@ def test_cli_sweep_reports_the_belady_ceiling(tmp_path, capsys):
     assert main(["simulate", str(path), "--block-size", "8", "--sweep", "16,inf"]) == 0
     out = capsys.readouterr().out
     assert "belady_*: the offline optimum at each capacity" in out and "gap_to_be" in out
-    assert main(["simulate", str(path), "--policy", "clock"]) == 2
+    with pytest.raises(SystemExit):  # argparse: invalid choice
+        main(["simulate", str(path), "--policy", "clock"])
+    assert "invalid choice: 'clock'" in capsys.readouterr().err
