@@ -19,7 +19,7 @@ import platform
 
 from .. import _blas
 from ..errors import KvlabError
-from . import blas, hashing, memory, quantization, simulator, snapshot, ttft
+from . import blas, hashing, memory, policies, quantization, simulator, snapshot, ttft
 from .settings import Settings
 from .table import Table, median_range, ms, spread
 
@@ -34,6 +34,7 @@ REGISTRY = {
     "hashing": hashing,
     "simulator": simulator,
     "quantization": quantization,
+    "policies": policies,
 }
 SECTIONS = tuple(REGISTRY)
 
