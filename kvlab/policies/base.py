@@ -18,6 +18,13 @@ Capacity is set at construction in the same units as ``size`` (``None``: unbound
 decides *when* to evict (the simulator: after each request, down to capacity), the policy only
 *what*. Every policy breaks ties by a per-access clock, so a replay is deterministic.
 
+A new store plugs in the same way: make its units (a radix tree whose nodes own their edge's KV:
+key = node, size = the edge's bytes, depth = the edge's first position, tokens = edge length,
+parent = the parent node), call ``access`` once per request that uses a unit and ``remove``
+when it drops one itself, and evict with ``victim(evictable)`` where ``evictable`` says which
+units may go now (leaves not locked by a running request). ``store_policy`` refuses offline
+policies; ``Policy.name`` is the eviction reason to log.
+
 Example:
     >>> p = kv.policies.make_policy("lru", capacity=2)
     >>> for k in "aba": p.access(Unit(k))

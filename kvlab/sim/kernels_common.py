@@ -3,7 +3,9 @@ lists over block ids, a min-heap of int64 rows, and the eviction log.
 
 Lists: ``lk`` int64 [3, n_blocks] holds each block's previous, next and list id (-1: none);
 ``hd`` int64 [3, n_lists] each list's first (oldest) block, last (newest) block and length.
-Heap: ``h`` int64 [capacity, 4] rows ``(k1, k2, stamp, block)``, compared lexicographically.
+Heap: an indexed binary min-heap of block ids ``hp`` (int64 [n_blocks]) with each block's place
+``pos`` (-1: not in it), ordered by per-block keys ``(k1[b], k2[b], k3[b])`` compared
+lexicographically (``k3`` is the access stamp, unique, so the order is total).
 """
 
 from __future__ import annotations
@@ -71,48 +73,71 @@ def move_last(lk, hd, lst, b):
 
 
 @numba.njit(cache=True)
-def _less(h, i, j):
-    for c in range(4):
-        if h[i, c] != h[j, c]:
-            return h[i, c] < h[j, c]
-    return False
+def _less(k1, k2, k3, a, b):
+    if k1[a] != k1[b]:
+        return k1[a] < k1[b]
+    if k2[a] != k2[b]:
+        return k2[a] < k2[b]
+    return k3[a] < k3[b]
 
 
 @numba.njit(cache=True)
-def _swap(h, i, j):
-    for c in range(4):
-        h[i, c], h[j, c] = h[j, c], h[i, c]
-
-
-@numba.njit(cache=True)
-def heap_push(h, n, k1, k2, stamp, b):
-    h[n, 0], h[n, 1], h[n, 2], h[n, 3] = k1, k2, stamp, b
-    i = n
+def heap_up(hp, pos, k1, k2, k3, i):
+    b = hp[i]
     while i > 0:
-        p = (i - 1) // 2
-        if _less(h, i, p):
-            _swap(h, i, p)
-            i = p
-        else:
+        p = (i - 1) >> 1
+        q = hp[p]
+        if not _less(k1, k2, k3, b, q):
             break
-    return n + 1
+        hp[i] = q
+        pos[q] = i
+        i = p
+    hp[i] = b
+    pos[b] = i
 
 
 @numba.njit(cache=True)
-def heap_pop(h, n):
-    """Drop the smallest row (read ``h[0]`` first); returns the new length."""
-    n -= 1
-    _swap(h, 0, n)
-    i = 0
+def heap_down(hp, pos, n, k1, k2, k3, i):
+    b = hp[i]
     while True:
         c = 2 * i + 1
         if c >= n:
             break
-        if c + 1 < n and _less(h, c + 1, c):
+        if c + 1 < n and _less(k1, k2, k3, hp[c + 1], hp[c]):
             c += 1
-        if _less(h, c, i):
-            _swap(h, c, i)
-            i = c
-        else:
+        if not _less(k1, k2, k3, hp[c], b):
             break
+        hp[i] = hp[c]
+        pos[hp[i]] = i
+        i = c
+    hp[i] = b
+    pos[b] = i
+
+
+@numba.njit(cache=True)
+def heap_set(hp, pos, n, k1, k2, k3, b):
+    """Insert block ``b``, or restore order after its keys changed; returns the heap's length."""
+    i = pos[b]
+    if i < 0:
+        hp[n] = b
+        pos[b] = n
+        heap_up(hp, pos, k1, k2, k3, n)
+        return n + 1
+    heap_up(hp, pos, k1, k2, k3, i)
+    heap_down(hp, pos, n, k1, k2, k3, pos[b])
+    return n
+
+
+@numba.njit(cache=True)
+def heap_remove(hp, pos, n, k1, k2, k3, b):
+    """Take block ``b`` out of the heap; returns the heap's length."""
+    i = pos[b]
+    n -= 1
+    pos[b] = -1
+    if i < n:
+        last = hp[n]
+        hp[i] = last
+        pos[last] = i
+        heap_up(hp, pos, k1, k2, k3, i)
+        heap_down(hp, pos, n, k1, k2, k3, pos[last])
     return n

@@ -1,6 +1,7 @@
-"""Compiled replays of the heap-based policies: lfu, length_aware, priority, belady (one kernel,
+"""Compiled replays of the key-ordered policies: lfu, length_aware, priority, belady (one kernel,
 a mode each) and cost_aware (leaf-only GreedyDual). Each mirrors its definition in
-kvlab.policies: the same keys, the same per-access clock as the last tie-break."""
+kvlab.policies: the same keys, the same per-access clock as the last tie-break; an indexed heap
+holds exactly the candidates (resident blocks; for cost_aware, resident leaves)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import numba
 import numpy as np
 
 from ..policies.weighted import PINNED
-from .kernels_common import NEVER, heap_pop, heap_push, leading_hits, new_log
+from .kernels_common import NEVER, heap_remove, heap_set, leading_hits, new_log
 
 MODES = {"lfu": 0, "length_aware": 1, "priority": 2, "belady": 3}
 
@@ -50,13 +51,15 @@ def next_uses(flat, offsets, hittable, inserted, n_blocks):
 def _heap_kernel(flat, offsets, hittable, inserted, n_blocks, cap, mode, bs, prio, pin_tokens,
                  nxt, evb, evr):
     hits = np.zeros(len(hittable), np.int64)
-    resident = np.zeros(max(1, n_blocks), np.bool_)
-    count = np.zeros(max(1, n_blocks), np.int64)   # lfu counts, or priority levels
-    version = np.zeros(max(1, n_blocks), np.int64)
-    h = np.empty((max(1, inserted.sum()) + 1, 4), np.int64)  # one push per access
+    nb = max(1, n_blocks)
+    resident = np.zeros(nb, np.bool_)
+    k1 = np.zeros(nb, np.int64)   # lfu: count; priority: level; belady: -next use
+    k2 = np.zeros(nb, np.int64)   # length_aware, belady: -depth
+    k3 = np.zeros(nb, np.int64)   # the access stamp
+    hp = np.empty(nb, np.int64)
+    pos = np.full(nb, -1, np.int64)
     n = 0
     clock = 0
-    size = 0
     n_ev = 0
     for r in range(len(hittable)):
         s = offsets[r]
@@ -64,34 +67,25 @@ def _heap_kernel(flat, offsets, hittable, inserted, n_blocks, cap, mode, bs, pri
         for j in range(inserted[r] - 1, -1, -1):
             b = flat[s + j]
             clock += 1
-            k2 = 0
             if mode <= 1:
-                count[b] = count[b] + 1 if resident[b] else 1
-                k1 = count[b]
+                k1[b] = k1[b] + 1 if resident[b] else 1
                 if mode == 1:
-                    k2 = -(j * bs)
+                    k2[b] = -(j * bs)
             elif mode == 2:
                 lv = PINNED if j * bs + bs <= pin_tokens else prio[r]
-                count[b] = max(count[b], lv) if resident[b] else lv
-                k1 = count[b]
+                k1[b] = max(k1[b], lv) if resident[b] else lv
             else:
-                k1 = -nxt[s + j]
-                k2 = -(j * bs)
-            if not resident[b]:
-                resident[b] = True
-                size += 1
-            version[b] = clock
-            n = heap_push(h, n, k1, k2, clock, b)
+                k1[b] = -nxt[s + j]
+                k2[b] = -(j * bs)
+            k3[b] = clock
+            resident[b] = True
+            n = heap_set(hp, pos, n, k1, k2, k3, b)
         if cap < 0:
             continue
-        while size > cap:
-            while True:
-                b, st = h[0, 3], h[0, 2]
-                n = heap_pop(h, n)
-                if resident[b] and version[b] == st:
-                    break
+        while n > cap:
+            b = hp[0]
+            n = heap_remove(hp, pos, n, k1, k2, k3, b)
             resident[b] = False
-            size -= 1
             evb[n_ev] = b
             evr[n_ev] = r
             n_ev += 1
@@ -105,14 +99,16 @@ def _cost_kernel(flat, offsets, hittable, inserted, n_blocks, cap, bs, linear, e
     resident = np.zeros(nb, np.bool_)
     freq = np.zeros(nb, np.int64)
     value = np.zeros(nb, np.int64)   # H = inflation + hits x recompute cost
+    zero = np.zeros(nb, np.int64)
     stamp = np.zeros(nb, np.int64)
     parent = np.full(nb, -1, np.int64)
     children = np.zeros(nb, np.int64)
-    h = np.empty((2 * max(1, inserted.sum()) + 1, 4), np.int64)  # accesses + leaf re-pushes
+    hp = np.empty(nb, np.int64)      # resident leaves only
+    pos = np.full(nb, -1, np.int64)
     n = 0
+    size = 0
     inflation = 0
     clock = 0
-    size = 0
     n_ev = 0
     for r in range(len(hittable)):
         s = offsets[r]
@@ -130,18 +126,18 @@ def _cost_kernel(flat, offsets, hittable, inserted, n_blocks, cap, bs, linear, e
                 parent[b] = p
                 if p >= 0:
                     children[p] += 1
+                    if pos[p] >= 0:  # no longer a leaf
+                        n = heap_remove(hp, pos, n, value, zero, stamp, p)
             d = j * bs
             value[b] = inflation + freq[b] * (bs * linear + bs * d + bs * (bs - 1) // 2)
             stamp[b] = clock
-            n = heap_push(h, n, value[b], 0, clock, b)
+            if children[b] == 0:
+                n = heap_set(hp, pos, n, value, zero, stamp, b)
         if cap < 0:
             continue
         while size > cap:
-            while True:
-                b, st = h[0, 3], h[0, 2]
-                n = heap_pop(h, n)
-                if resident[b] and stamp[b] == st and children[b] == 0:
-                    break
+            b = hp[0]
+            n = heap_remove(hp, pos, n, value, zero, stamp, b)
             inflation = value[b]
             resident[b] = False
             size -= 1
@@ -149,7 +145,7 @@ def _cost_kernel(flat, offsets, hittable, inserted, n_blocks, cap, bs, linear, e
             if p >= 0:
                 children[p] -= 1
                 if children[p] == 0 and resident[p]:
-                    n = heap_push(h, n, value[p], 0, stamp[p], p)
+                    n = heap_set(hp, pos, n, value, zero, stamp, p)
             evb[n_ev] = b
             evr[n_ev] = r
             n_ev += 1

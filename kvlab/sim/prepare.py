@@ -98,6 +98,7 @@ def prepare_replay(source, block_size, passes, tokenizer, priorities=None) -> Re
     flat, offsets = trace.block_arrays()
     flat, n_blocks = _dense(flat)
     lengths = np.diff(offsets)
+    _check_no_repeats(flat, lengths, n_blocks)
     tokens = trace.frame["input_length"].to_numpy().astype(np.int64)
     bs = trace.block_size
     hittable = np.minimum(lengths, (tokens - 1) // bs)
@@ -114,6 +115,20 @@ def prepare_replay(source, block_size, passes, tokenizer, priorities=None) -> Re
         unkeyed = None if unkeyed is None else np.tile(unkeyed, passes)
     return Replay(flat, offsets, tokens, hittable, inserted, np.tile(np.arange(r, dtype=np.int64), passes),
                   np.repeat(np.arange(1, passes + 1, dtype=np.int64), r), n_blocks, bs, label, prio, unkeyed)
+
+
+def _check_no_repeats(flat: np.ndarray, lengths: np.ndarray, n_blocks: int) -> None:
+    """Chained hash ids never repeat within a request (each covers a different prefix); a trace
+    where one does is not a prefix-cache trace, and the replay's parent links would loop."""
+    if flat.size == 0:
+        return
+    req = np.repeat(np.arange(len(lengths), dtype=np.int64), lengths)
+    keys = np.sort(req * max(1, n_blocks) + flat)
+    dup = np.flatnonzero(keys[1:] == keys[:-1])
+    if dup.size:
+        r, b = divmod(int(keys[dup[0]]), max(1, n_blocks))
+        raise TraceError(f"request {r} holds block id {b} twice; chained hash ids are unique within a "
+                         "request (each one covers a longer prefix), so this is not a prefix-cache trace")
 
 
 def _priorities(priorities, trace) -> np.ndarray | None:

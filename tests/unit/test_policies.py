@@ -267,3 +267,8 @@ def test_sweep_runs_every_policy_and_matches_simulate():
         want = [kv.simulate(t, policy, c).summary["hit_tokens"] for c in caps]
         assert frame["hit_tokens"].to_list() == want, policy
         assert frame["hit_tokens"][-1] == kv.simulate(t, "infinite").summary["hit_tokens"]
+
+
+def test_a_block_repeated_within_a_request_is_refused():
+    with pytest.raises(kv.TraceError, match="request 1 holds block id 3 twice"):
+        kv.simulate(trace([(9, [0, 1, 2]), (13, [3, 4, 3, 5])]), "cost_aware", 8)
