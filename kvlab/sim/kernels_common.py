@@ -6,6 +6,9 @@ Lists: ``lk`` int64 [3, n_blocks] holds each block's previous, next and list id 
 Heap: an indexed binary min-heap of block ids ``hp`` (int64 [n_blocks]) with each block's place
 ``pos`` (-1: not in it), ordered by per-block keys ``(k1[b], k2[b], k3[b])`` compared
 lexicographically (``k3`` is the access stamp, unique, so the order is total).
+
+numba's on-disk cache (cache=True) is keyed on each kernel's own file: a kernel compiled before an
+edit here keeps the old code until its cache in kvlab/sim/__pycache__ is deleted.
 """
 
 from __future__ import annotations
