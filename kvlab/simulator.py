@@ -36,13 +36,13 @@ import polars as pl
 from .errors import BudgetError, KvlabError
 from .policies import MISS_REASONS
 from .policies import POLICIES as _TABLE
-from .sim.dispatch import replay_kernel, run_kernel
+from .sim.dispatch import replay_kernel, run_kernel, sweep_kernel
 from .sim.kernels_stack import lru_stack_kernel
 from .sim.prepare import WORKLOAD_BLOCK_SIZE, Replay, Replayed, prepare_replay
 from .sim.reference import replay_python, run_python
 
 __all__ = ["simulate", "sweep", "SimResult", "POLICIES", "ENGINES", "MISS_REASONS", "Replay",
-           "Replayed", "prepare_replay", "replay_python", "replay_kernel", "run_kernel",
+           "Replayed", "prepare_replay", "replay_python", "replay_kernel", "run_kernel", "sweep_kernel",
            "run_python", "capacity_label", "WORKLOAD_BLOCK_SIZE"]
 
 POLICIES = ("infinite",) + tuple(_TABLE)
@@ -134,7 +134,8 @@ def sweep(source, policy: str = "lru", capacities: Sequence = (), block_size: in
     (the offline optimum at that capacity) and ``gap_to_belady`` (its token hit ratio minus
     the policy's). ``reasons=True`` adds the missed tokens per reason (one column each).
     LRU uses one pass of Mattson's stack-distance algorithm for all capacities; other policies
-    (and ``engine="numba"`` / ``"python"``, and ``reasons``) replay each capacity.
+    (and ``engine="numba"`` / ``"python"``, and ``reasons``) replay each capacity, compiled
+    replays in parallel threads.
     ``capacity_tokens`` is null for an unbounded entry.
 
     Example:
@@ -151,16 +152,22 @@ def sweep(source, policy: str = "lru", capacities: Sequence = (), block_size: in
     tokens = [_parse_capacity(c, policy) for c in capacities]
     rep = prepare_replay(source, block_size, passes, tokenizer, priorities)
     caps = [_blocks_of(c, rep.block_size) for c in tokens]
-    run = run_python if engine == "python" else run_kernel
     why = None
     if policy == "lru" and engine == "auto" and not reasons:
         hit_blocks = _lru_sweep(rep, caps)
+    elif engine != "python" and not reasons:
+        hit_blocks = sweep_kernel(rep, policy, caps, policy_params)
     else:
+        run = run_python if engine == "python" else run_kernel
         outs = [run(rep, policy, c, policy_params, reasons=reasons) for c in caps]
         hit_blocks = _stack([o.hits for o in outs], len(rep.hittable))
         why = [o.reasons.sum(axis=0) for o in outs] if reasons else None
-    ceiling = hit_blocks if policy == "belady" else _stack(
-        [run(rep, "belady", c, reasons=False).hits for c in caps], len(rep.hittable))
+    if policy == "belady":
+        ceiling = hit_blocks
+    elif engine == "python":
+        ceiling = _stack([run_python(rep, "belady", c, reasons=False).hits for c in caps], len(rep.hittable))
+    else:
+        ceiling = sweep_kernel(rep, "belady", caps)
     prompt, n, bs = int(rep.tokens.sum()), len(rep.tokens), rep.block_size
     hit_tokens = hit_blocks.sum(axis=0) * bs
     best = ceiling.sum(axis=0) * bs

@@ -10,8 +10,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..policies import make_policy
-from .kernels_heap import run_cost, run_heap
-from .kernels_lists import run_lists
+from .kernels_heap import run_cost, run_heap, sweep_heap
+from .kernels_lists import run_lists, sweep_lists
 from .kernels_reasons import explain
 from .prepare import Replay, Replayed
 
@@ -27,6 +27,7 @@ def _arg(name: str, ref) -> int:
 KERNELS = {name: run_lists for name in ("lru", "fifo", "slru", "s3fifo", "arc", "tinylfu")}
 KERNELS.update({name: run_heap for name in ("lfu", "length_aware", "priority", "belady")})
 KERNELS["cost_aware"] = run_cost
+SWEEPS = {name: sweep_lists if run is run_lists else sweep_heap for name, run in KERNELS.items()}
 
 
 def run_kernel(rep: Replay, policy: str, cap: int | None, params: dict | None = None, *,
@@ -56,3 +57,19 @@ def replay_kernel(rep: Replay, policy: str, cap: int | None, params: dict | None
     """Hit blocks per request and the eviction count, from the policy's compiled kernel."""
     out = run_kernel(rep, policy, cap, params, reasons=False)
     return out.hits, out.evictions
+
+
+def sweep_kernel(rep: Replay, policy: str, caps, params: dict | None = None) -> np.ndarray:
+    """Hit blocks per request (rows) at each capacity in ``caps`` (blocks, None: unbounded;
+    columns): one compiled replay per capacity, run in parallel threads.
+
+    Example:
+        >>> sweep_kernel(prepare_replay([[1, 2, 3], [1, 2, 4]], 1, 1, None), "arc", [0, 1, None]).tolist()
+        [[0, 0, 0], [0, 1, 2]]
+    """
+    name = "lru" if policy == "infinite" else policy
+    args = [_arg(name, make_policy(name, c, **(params or {}))) for c in caps]
+    c = [-1 if x is None else int(x) for x in caps]
+    if not len(rep.hittable) or not c:
+        return np.zeros((len(rep.hittable), len(c)), np.int64)
+    return SWEEPS[name](name, rep, c, args)

@@ -3,9 +3,10 @@ lists over block ids, a min-heap of int64 rows, and the eviction log.
 
 Lists: ``lk`` int64 [3, n_blocks] holds each block's previous, next and list id (-1: none);
 ``hd`` int64 [3, n_lists] each list's first (oldest) block, last (newest) block and length.
-Heap: an indexed binary min-heap of block ids ``hp`` (int64 [n_blocks]) with each block's place
-``pos`` (-1: not in it), ordered by per-block keys ``(k1[b], k2[b], k3[b])`` compared
-lexicographically (``k3`` is the access stamp, unique, so the order is total).
+Heap: an indexed binary min-heap whose slots hold ``(key, stamp, block)`` (``hk``, ``hs``, ``hp``,
+int64 [n_blocks]) and ``pos`` each block's slot (-1: not in it), ordered by ``(key, stamp)``; the
+stamp is the access clock, unique, so the order is total. Policies with two keys pack them into
+``key`` (kernels_heap).
 
 numba's on-disk cache (cache=True) is keyed on each kernel's own file: a kernel compiled before an
 edit here keeps the old code until its cache in kvlab/sim/__pycache__ is deleted.
@@ -76,71 +77,66 @@ def move_last(lk, hd, lst, b):
 
 
 @numba.njit(cache=True)
-def _less(k1, k2, k3, a, b):
-    if k1[a] != k1[b]:
-        return k1[a] < k1[b]
-    if k2[a] != k2[b]:
-        return k2[a] < k2[b]
-    return k3[a] < k3[b]
-
-
-@numba.njit(cache=True)
-def heap_up(hp, pos, k1, k2, k3, i):
-    b = hp[i]
+def heap_up(hk, hs, hp, pos, i):
+    k, st, b = hk[i], hs[i], hp[i]
     while i > 0:
         p = (i - 1) >> 1
-        q = hp[p]
-        if not _less(k1, k2, k3, b, q):
+        if hk[p] < k or (hk[p] == k and hs[p] < st):
             break
-        hp[i] = q
-        pos[q] = i
+        hk[i], hs[i], hp[i] = hk[p], hs[p], hp[p]
+        pos[hp[i]] = i
         i = p
-    hp[i] = b
+    hk[i], hs[i], hp[i] = k, st, b
     pos[b] = i
 
 
 @numba.njit(cache=True)
-def heap_down(hp, pos, n, k1, k2, k3, i):
-    b = hp[i]
+def heap_down(hk, hs, hp, pos, n, i):
+    k, st, b = hk[i], hs[i], hp[i]
     while True:
         c = 2 * i + 1
         if c >= n:
             break
-        if c + 1 < n and _less(k1, k2, k3, hp[c + 1], hp[c]):
+        if c + 1 < n and (hk[c + 1] < hk[c] or (hk[c + 1] == hk[c] and hs[c + 1] < hs[c])):
             c += 1
-        if not _less(k1, k2, k3, hp[c], b):
+        if k < hk[c] or (k == hk[c] and st < hs[c]):
             break
-        hp[i] = hp[c]
+        hk[i], hs[i], hp[i] = hk[c], hs[c], hp[c]
         pos[hp[i]] = i
         i = c
-    hp[i] = b
+    hk[i], hs[i], hp[i] = k, st, b
     pos[b] = i
 
 
 @numba.njit(cache=True)
-def heap_set(hp, pos, n, k1, k2, k3, b):
-    """Insert block ``b``, or restore order after its keys changed; returns the heap's length."""
+def heap_set(hk, hs, hp, pos, n, b, key, stamp):
+    """Insert block ``b`` with ``(key, stamp)``, or move it there; returns the heap's length."""
     i = pos[b]
     if i < 0:
-        hp[n] = b
-        pos[b] = n
-        heap_up(hp, pos, k1, k2, k3, n)
-        return n + 1
-    heap_up(hp, pos, k1, k2, k3, i)
-    heap_down(hp, pos, n, k1, k2, k3, pos[b])
+        i = n
+        n += 1
+    hk[i], hs[i], hp[i] = key, stamp, b
+    heap_up(hk, hs, hp, pos, i)
+    heap_down(hk, hs, hp, pos, n, pos[b])
     return n
 
 
 @numba.njit(cache=True)
-def heap_remove(hp, pos, n, k1, k2, k3, b):
+def heap_remove(hk, hs, hp, pos, n, b):
     """Take block ``b`` out of the heap; returns the heap's length."""
     i = pos[b]
     n -= 1
     pos[b] = -1
     if i < n:
-        last = hp[n]
-        hp[i] = last
-        pos[last] = i
-        heap_up(hp, pos, k1, k2, k3, i)
-        heap_down(hp, pos, n, k1, k2, k3, pos[last])
+        hk[i], hs[i], hp[i] = hk[n], hs[n], hp[n]
+        moved = hp[i]
+        pos[moved] = i
+        heap_up(hk, hs, hp, pos, i)
+        heap_down(hk, hs, hp, pos, n, pos[moved])
     return n
+
+
+@numba.njit(cache=True)
+def new_heap(m):
+    """Slots (key, stamp, block) of an indexed min-heap, and each block's slot (-1: absent)."""
+    return np.empty(m, np.int64), np.empty(m, np.int64), np.empty(m, np.int64), np.full(m, -1, np.int64)

@@ -1,15 +1,19 @@
 """Compiled replays of the key-ordered policies: lfu, length_aware, priority, belady (one kernel,
 a mode each) and cost_aware (leaf-only GreedyDual). Each mirrors its definition in
 kvlab.policies: the same keys, the same per-access clock as the last tie-break; an indexed heap
-holds exactly the candidates (resident blocks; for cost_aware, resident leaves)."""
+holds exactly the candidates (resident blocks; for cost_aware, resident leaves). Two-part keys
+are packed into one int64: (count, -depth) as ``count * span - j`` and (-next use, -depth) as
+``-(next * span + j)``, with ``j`` the block's index in its request and ``span`` one more than the
+longest request's blocks; the definitions' depth is ``j * block_size``, so the order is the same."""
 
 from __future__ import annotations
 
 import numba
 import numpy as np
 
+from ..errors import TraceError
 from ..policies.weighted import PINNED
-from .kernels_common import NEVER, heap_remove, heap_set, leading_hits, new_log
+from .kernels_common import NEVER, heap_remove, heap_set, leading_hits, new_heap, new_log
 
 MODES = {"lfu": 0, "length_aware": 1, "priority": 2, "belady": 3}
 
@@ -17,10 +21,13 @@ MODES = {"lfu": 0, "length_aware": 1, "priority": 2, "belady": 3}
 def run_heap(policy: str, rep, cap: int, arg: int):
     """Dispatch lfu / length_aware / priority (``arg``: pin_tokens) / belady."""
     evb, evr = new_log(rep.inserted)
+    span = int(rep.inserted.max()) + 1 if len(rep.inserted) else 1
+    if (len(rep.tokens) + 2) * span >= 1 << 62:
+        raise TraceError(f"{len(rep.tokens)} requests of up to {span - 1} blocks overflow the packed keys")
     nxt = next_uses(rep.flat, rep.offsets, rep.hittable, rep.inserted, rep.n_blocks) \
         if policy == "belady" else np.zeros(1, np.int64)
     hits, n = _heap_kernel(rep.flat, rep.offsets, rep.hittable, rep.inserted, rep.n_blocks, cap,
-                           MODES[policy], rep.block_size, rep.priorities(), arg, nxt, evb, evr)
+                           MODES[policy], rep.block_size, span, rep.priorities(), arg, nxt, evb, evr)
     return hits, evb[:n], evr[:n]
 
 
@@ -48,43 +55,39 @@ def next_uses(flat, offsets, hittable, inserted, n_blocks):
 
 
 @numba.njit(cache=True)
-def _heap_kernel(flat, offsets, hittable, inserted, n_blocks, cap, mode, bs, prio, pin_tokens,
+def _heap_kernel(flat, offsets, hittable, inserted, n_blocks, cap, mode, bs, span, prio, pin_tokens,
                  nxt, evb, evr):
-    hits = np.zeros(len(hittable), np.int64)
+    n_req = len(hittable)
+    hits = np.zeros(n_req, np.int64)
     nb = max(1, n_blocks)
     resident = np.zeros(nb, np.bool_)
-    k1 = np.zeros(nb, np.int64)   # lfu: count; priority: level; belady: -next use
-    k2 = np.zeros(nb, np.int64)   # length_aware, belady: -depth
-    k3 = np.zeros(nb, np.int64)   # the access stamp
-    hp = np.empty(nb, np.int64)
-    pos = np.full(nb, -1, np.int64)
+    level = np.zeros(nb, np.int64)   # lfu / length_aware: count; priority: level
+    hk, hs, hp, pos = new_heap(nb)
     n = 0
     clock = 0
     n_ev = 0
-    for r in range(len(hittable)):
+    for r in range(n_req):
         s = offsets[r]
         hits[r] = leading_hits(flat, s, hittable[r], resident)
         for j in range(inserted[r] - 1, -1, -1):
             b = flat[s + j]
             clock += 1
             if mode <= 1:
-                k1[b] = k1[b] + 1 if resident[b] else 1
-                if mode == 1:
-                    k2[b] = -(j * bs)
+                level[b] = level[b] + 1 if resident[b] else 1
+                key = level[b] * span - j if mode == 1 else level[b]
             elif mode == 2:
                 lv = PINNED if j * bs + bs <= pin_tokens else prio[r]
-                k1[b] = max(k1[b], lv) if resident[b] else lv
+                level[b] = max(level[b], lv) if resident[b] else lv
+                key = level[b]
             else:
-                k1[b] = -nxt[s + j]
-                k2[b] = -(j * bs)
-            k3[b] = clock
+                key = -(min(nxt[s + j], n_req) * span + j)
             resident[b] = True
-            n = heap_set(hp, pos, n, k1, k2, k3, b)
+            n = heap_set(hk, hs, hp, pos, n, b, key, clock)
         if cap < 0:
             continue
         while n > cap:
             b = hp[0]
-            n = heap_remove(hp, pos, n, k1, k2, k3, b)
+            n = heap_remove(hk, hs, hp, pos, n, b)
             resident[b] = False
             evb[n_ev] = b
             evr[n_ev] = r
@@ -99,12 +102,10 @@ def _cost_kernel(flat, offsets, hittable, inserted, n_blocks, cap, bs, linear, e
     resident = np.zeros(nb, np.bool_)
     freq = np.zeros(nb, np.int64)
     value = np.zeros(nb, np.int64)   # H = inflation + hits x recompute cost
-    zero = np.zeros(nb, np.int64)
     stamp = np.zeros(nb, np.int64)
     parent = np.full(nb, -1, np.int64)
     children = np.zeros(nb, np.int64)
-    hp = np.empty(nb, np.int64)      # resident leaves only
-    pos = np.full(nb, -1, np.int64)
+    hk, hs, hp, pos = new_heap(nb)   # resident leaves only
     n = 0
     size = 0
     inflation = 0
@@ -127,17 +128,17 @@ def _cost_kernel(flat, offsets, hittable, inserted, n_blocks, cap, bs, linear, e
                 if p >= 0:
                     children[p] += 1
                     if pos[p] >= 0:  # no longer a leaf
-                        n = heap_remove(hp, pos, n, value, zero, stamp, p)
+                        n = heap_remove(hk, hs, hp, pos, n, p)
             d = j * bs
             value[b] = inflation + freq[b] * (bs * linear + bs * d + bs * (bs - 1) // 2)
             stamp[b] = clock
             if children[b] == 0:
-                n = heap_set(hp, pos, n, value, zero, stamp, b)
+                n = heap_set(hk, hs, hp, pos, n, b, value[b], clock)
         if cap < 0:
             continue
         while size > cap:
             b = hp[0]
-            n = heap_remove(hp, pos, n, value, zero, stamp, b)
+            n = heap_remove(hk, hs, hp, pos, n, b)
             inflation = value[b]
             resident[b] = False
             size -= 1
@@ -145,8 +146,44 @@ def _cost_kernel(flat, offsets, hittable, inserted, n_blocks, cap, bs, linear, e
             if p >= 0:
                 children[p] -= 1
                 if children[p] == 0 and resident[p]:
-                    n = heap_set(hp, pos, n, value, zero, stamp, p)
+                    n = heap_set(hk, hs, hp, pos, n, p, value[p], stamp[p])
             evb[n_ev] = b
             evr[n_ev] = r
             n_ev += 1
     return hits, n_ev
+
+
+def sweep_heap(policy: str, rep, caps, args):
+    """Hit blocks per request (rows) at every capacity (columns), capacities in parallel."""
+    caps = np.asarray(caps, np.int64)
+    args = np.asarray(args, np.int64)
+    if policy == "cost_aware":
+        return _cost_sweep(rep.flat, rep.offsets, rep.hittable, rep.inserted, rep.n_blocks, caps,
+                           rep.block_size, args)
+    span = int(rep.inserted.max()) + 1 if len(rep.inserted) else 1
+    nxt = next_uses(rep.flat, rep.offsets, rep.hittable, rep.inserted, rep.n_blocks) \
+        if policy == "belady" else np.zeros(1, np.int64)
+    return _heap_sweep(rep.flat, rep.offsets, rep.hittable, rep.inserted, rep.n_blocks, caps,
+                       MODES[policy], rep.block_size, span, rep.priorities(), args, nxt)
+
+
+@numba.njit(cache=True, parallel=True)
+def _heap_sweep(flat, offsets, hittable, inserted, n_blocks, caps, mode, bs, span, prio, args, nxt):
+    out = np.zeros((len(hittable), len(caps)), np.int64)
+    m = max(1, inserted.sum())
+    for k in numba.prange(len(caps)):
+        hits, _ = _heap_kernel(flat, offsets, hittable, inserted, n_blocks, caps[k], mode, bs, span,
+                               prio, args[k], nxt, np.empty(m, np.int64), np.empty(m, np.int64))
+        out[:, k] = hits
+    return out
+
+
+@numba.njit(cache=True, parallel=True)
+def _cost_sweep(flat, offsets, hittable, inserted, n_blocks, caps, bs, args):
+    out = np.zeros((len(hittable), len(caps)), np.int64)
+    m = max(1, inserted.sum())
+    for k in numba.prange(len(caps)):
+        hits, _ = _cost_kernel(flat, offsets, hittable, inserted, n_blocks, caps[k], bs, args[k],
+                               np.empty(m, np.int64), np.empty(m, np.int64))
+        out[:, k] = hits
+    return out

@@ -136,3 +136,24 @@ def _s3fifo_victim(lk, hd, freq, cap, small_percent, ghost_cap):
             continue
         unlink(lk, hd, m)
         return m
+
+
+def sweep_lists(policy: str, rep, caps, args):
+    """Hit blocks per request (rows) at every capacity (columns), capacities in parallel."""
+    code = {"lru": 0, "fifo": 1, "slru": 2, "s3fifo": 3, "arc": 4, "tinylfu": 5}[policy]
+    return _lists_sweep(rep.flat, rep.offsets, rep.hittable, rep.inserted, rep.n_blocks,
+                        np.asarray(caps, np.int64), code, np.asarray(args, np.int64))
+
+
+@numba.njit(cache=True, parallel=True)
+def _lists_sweep(flat, offsets, hittable, inserted, n_blocks, caps, code, args):
+    out = np.zeros((len(hittable), len(caps)), np.int64)
+    m = max(1, inserted.sum())
+    for k in numba.prange(len(caps)):
+        lk = np.full((3, max(1, n_blocks)), -1, np.int64)
+        hd = np.full((3, 4), -1, np.int64)
+        hd[2, :] = 0
+        hits, _ = _lists_kernel(flat, offsets, hittable, inserted, n_blocks, caps[k], code, args[k],
+                                lk, hd, np.empty(m, np.int64), np.empty(m, np.int64))
+        out[:, k] = hits
+    return out
