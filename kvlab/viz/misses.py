@@ -12,13 +12,11 @@ import html
 
 import polars as pl
 
-from ..errors import MissingExtraError, VizError
+from ..errors import VizError
 from ..policies.reasons import ALL_REASONS
+from .extras import require
 
-try:
-    import plotly.graph_objects as go
-except ImportError as e:  # kvlab.viz checks this too; importing this module alone must say it
-    raise MissingExtraError('kvlab.viz needs plotly: pip install "kvlab[notebooks]"') from e
+go = require("plotly.graph_objects")
 
 REASON_COLORS = {"reused": "#2ca02c", "first_seen": "#1f77b4", "evicted": "#d62728",
                  "diverged": "#ff7f0e", "partial_block": "#c7c7c7", "salt_or_extra_keys": "#9467bd",
