@@ -1,5 +1,5 @@
-"""Compiled replays of the key-ordered policies: lfu, length_aware, priority, belady (one kernel,
-a mode each) and cost_aware (leaf-only GreedyDual). Each mirrors its definition in
+"""Compiled replays of the key-ordered policies: lfu, length_aware, priority (one kernel, a mode
+each), belady and cost_aware (leaf-only GreedyDual). Each mirrors its definition in
 kvlab.policies: the same keys, the same per-access clock as the last tie-break; an indexed heap
 holds exactly the candidates (resident blocks; for cost_aware, resident leaves). Two-part keys
 are packed into one int64: (count, -depth) as ``count * span - j`` and (-next use, -depth) as
@@ -13,9 +13,10 @@ import numpy as np
 
 from ..errors import TraceError
 from ..policies.weighted import PINNED
-from .kernels_common import NEVER, heap_remove, heap_set, leading_hits, new_heap, new_log
+from .kernels_common import (NEVER, heap_remove, heap_set, leading_hits, new_heap, new_log, push_last,
+                             unlink)
 
-MODES = {"lfu": 0, "length_aware": 1, "priority": 2, "belady": 3}
+MODES = {"lfu": 0, "length_aware": 1, "priority": 2}
 
 
 def run_heap(policy: str, rep, cap: int, arg: int):
@@ -24,10 +25,13 @@ def run_heap(policy: str, rep, cap: int, arg: int):
     span = int(rep.inserted.max()) + 1 if len(rep.inserted) else 1
     if (len(rep.tokens) + 2) * span >= 1 << 62:
         raise TraceError(f"{len(rep.tokens)} requests of up to {span - 1} blocks overflow the packed keys")
-    nxt = next_uses(rep.flat, rep.offsets, rep.hittable, rep.inserted, rep.n_blocks) \
-        if policy == "belady" else np.zeros(1, np.int64)
-    hits, n = _heap_kernel(rep.flat, rep.offsets, rep.hittable, rep.inserted, rep.n_blocks, cap,
-                           MODES[policy], rep.block_size, span, rep.priorities(), arg, nxt, evb, evr)
+    if policy == "belady":
+        nxt = next_uses(rep.flat, rep.offsets, rep.hittable, rep.inserted, rep.n_blocks)
+        hits, n = _belady_kernel(rep.flat, rep.offsets, rep.hittable, rep.inserted, rep.n_blocks, cap,
+                                 span, nxt, evb, evr)
+    else:
+        hits, n = _heap_kernel(rep.flat, rep.offsets, rep.hittable, rep.inserted, rep.n_blocks, cap,
+                               MODES[policy], rep.block_size, span, rep.priorities(), arg, evb, evr)
     return hits, evb[:n], evr[:n]
 
 
@@ -56,7 +60,7 @@ def next_uses(flat, offsets, hittable, inserted, n_blocks):
 
 @numba.njit(cache=True)
 def _heap_kernel(flat, offsets, hittable, inserted, n_blocks, cap, mode, bs, span, prio, pin_tokens,
-                 nxt, evb, evr):
+                 evb, evr):
     n_req = len(hittable)
     hits = np.zeros(n_req, np.int64)
     nb = max(1, n_blocks)
@@ -75,12 +79,10 @@ def _heap_kernel(flat, offsets, hittable, inserted, n_blocks, cap, mode, bs, spa
             if mode <= 1:
                 level[b] = level[b] + 1 if resident[b] else 1
                 key = level[b] * span - j if mode == 1 else level[b]
-            elif mode == 2:
+            else:
                 lv = PINNED if j * bs + bs <= pin_tokens else prio[r]
                 level[b] = max(level[b], lv) if resident[b] else lv
                 key = level[b]
-            else:
-                key = -(min(nxt[s + j], n_req) * span + j)
             resident[b] = True
             n = heap_set(hk, hs, hp, pos, n, b, key, clock)
         if cap < 0:
@@ -89,6 +91,63 @@ def _heap_kernel(flat, offsets, hittable, inserted, n_blocks, cap, mode, bs, spa
             b = hp[0]
             n = heap_remove(hk, hs, hp, pos, n, b)
             resident[b] = False
+            evb[n_ev] = b
+            evr[n_ev] = r
+            n_ev += 1
+    return hits, n_ev
+
+
+@numba.njit(cache=True)
+def _belady_kernel(flat, offsets, hittable, inserted, n_blocks, cap, span, nxt, evb, evr):
+    # Blocks with a next hittable use wait in the heap keyed -(next * span + j); the rest (NEVER,
+    # always the first victims) in a FIFO per position j, deepest position first: the same order.
+    hits = np.zeros(len(hittable), np.int64)
+    nb = max(1, n_blocks)
+    resident = np.zeros(nb, np.bool_)
+    hk, hs, hp, pos = new_heap(nb)
+    lk = np.full((3, nb), -1, np.int64)
+    hd = np.full((3, span), -1, np.int64)
+    hd[2, :] = 0
+    n = 0
+    never = 0
+    top = -1  # no FIFO above this position holds a block
+    size = 0
+    clock = 0
+    n_ev = 0
+    for r in range(len(hittable)):
+        s = offsets[r]
+        hits[r] = leading_hits(flat, s, hittable[r], resident)
+        for j in range(inserted[r] - 1, -1, -1):
+            b = flat[s + j]
+            clock += 1
+            if not resident[b]:
+                resident[b] = True
+                size += 1
+            if lk[2, b] >= 0:
+                unlink(lk, hd, b)
+                never -= 1
+            if nxt[s + j] >= NEVER:
+                if pos[b] >= 0:
+                    n = heap_remove(hk, hs, hp, pos, n, b)
+                push_last(lk, hd, j, b)
+                never += 1
+                top = max(top, j)
+            else:
+                n = heap_set(hk, hs, hp, pos, n, b, -(nxt[s + j] * span + j), clock)
+        if cap < 0:
+            continue
+        while size > cap:
+            if never > 0:
+                while hd[2, top] == 0:
+                    top -= 1
+                b = hd[0, top]
+                unlink(lk, hd, b)
+                never -= 1
+            else:
+                b = hp[0]
+                n = heap_remove(hk, hs, hp, pos, n, b)
+            resident[b] = False
+            size -= 1
             evb[n_ev] = b
             evr[n_ev] = r
             n_ev += 1
@@ -161,19 +220,31 @@ def sweep_heap(policy: str, rep, caps, args):
         return _cost_sweep(rep.flat, rep.offsets, rep.hittable, rep.inserted, rep.n_blocks, caps,
                            rep.block_size, args)
     span = int(rep.inserted.max()) + 1 if len(rep.inserted) else 1
-    nxt = next_uses(rep.flat, rep.offsets, rep.hittable, rep.inserted, rep.n_blocks) \
-        if policy == "belady" else np.zeros(1, np.int64)
+    if policy == "belady":
+        nxt = next_uses(rep.flat, rep.offsets, rep.hittable, rep.inserted, rep.n_blocks)
+        return _belady_sweep(rep.flat, rep.offsets, rep.hittable, rep.inserted, rep.n_blocks, caps, span, nxt)
     return _heap_sweep(rep.flat, rep.offsets, rep.hittable, rep.inserted, rep.n_blocks, caps,
-                       MODES[policy], rep.block_size, span, rep.priorities(), args, nxt)
+                       MODES[policy], rep.block_size, span, rep.priorities(), args)
 
 
 @numba.njit(cache=True, parallel=True)
-def _heap_sweep(flat, offsets, hittable, inserted, n_blocks, caps, mode, bs, span, prio, args, nxt):
+def _heap_sweep(flat, offsets, hittable, inserted, n_blocks, caps, mode, bs, span, prio, args):
     out = np.zeros((len(hittable), len(caps)), np.int64)
     m = max(1, inserted.sum())
     for k in numba.prange(len(caps)):
         hits, _ = _heap_kernel(flat, offsets, hittable, inserted, n_blocks, caps[k], mode, bs, span,
-                               prio, args[k], nxt, np.empty(m, np.int64), np.empty(m, np.int64))
+                               prio, args[k], np.empty(m, np.int64), np.empty(m, np.int64))
+        out[:, k] = hits
+    return out
+
+
+@numba.njit(cache=True, parallel=True)
+def _belady_sweep(flat, offsets, hittable, inserted, n_blocks, caps, span, nxt):
+    out = np.zeros((len(hittable), len(caps)), np.int64)
+    m = max(1, inserted.sum())
+    for k in numba.prange(len(caps)):
+        hits, _ = _belady_kernel(flat, offsets, hittable, inserted, n_blocks, caps[k], span, nxt,
+                                 np.empty(m, np.int64), np.empty(m, np.int64))
         out[:, k] = hits
     return out
 
