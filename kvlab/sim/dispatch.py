@@ -10,7 +10,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..policies import make_policy
-from .kernels_heap import run_cost, run_heap, sweep_heap
+from .kernels_count import run_count, sweep_count
+from .kernels_heap import run_belady, run_cost, sweep_heap
 from .kernels_lists import run_lists, sweep_lists
 from .kernels_reasons import explain
 from .prepare import Replay, Replayed
@@ -25,9 +26,11 @@ def _arg(name: str, ref) -> int:
 
 
 KERNELS = {name: run_lists for name in ("lru", "fifo", "slru", "s3fifo", "arc", "tinylfu")}
-KERNELS.update({name: run_heap for name in ("lfu", "length_aware", "priority", "belady")})
-KERNELS["cost_aware"] = run_cost
-SWEEPS = {name: sweep_lists if run is run_lists else sweep_heap for name, run in KERNELS.items()}
+KERNELS.update({name: run_count for name in ("lfu", "length_aware", "priority")})
+KERNELS["belady"] = lambda name, rep, cap, arg: run_belady(rep, cap)
+KERNELS["cost_aware"] = lambda name, rep, cap, arg: run_cost(rep, cap, arg)
+SWEEPS = {name: {run_lists: sweep_lists, run_count: sweep_count}.get(run, sweep_heap)
+          for name, run in KERNELS.items()}
 
 
 def run_kernel(rep: Replay, policy: str, cap: int | None, params: dict | None = None, *,
@@ -42,10 +45,7 @@ def run_kernel(rep: Replay, policy: str, cap: int | None, params: dict | None = 
     ref = make_policy(name, cap, **(params or {}))
     c = -1 if cap is None else int(cap)
     arg = _arg(name, ref)
-    if name == "cost_aware":
-        hits, evb, evr = run_cost(rep, c, arg)
-    else:
-        hits, evb, evr = KERNELS[name](name, rep, c, arg)
+    hits, evb, evr = KERNELS[name](name, rep, c, arg)
     if not reasons:
         return Replayed(hits, evb, evr)
     why, by = explain(rep, cap, hits, evb, evr)

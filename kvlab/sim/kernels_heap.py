@@ -1,10 +1,8 @@
-"""Compiled replays of the key-ordered policies: lfu, length_aware, priority (one kernel, a mode
-each), belady and cost_aware (leaf-only GreedyDual). Each mirrors its definition in
-kvlab.policies: the same keys, the same per-access clock as the last tie-break; an indexed heap
-holds exactly the candidates (resident blocks; for cost_aware, resident leaves). Two-part keys
-are packed into one int64: (count, -depth) as ``count * span - j`` and (-next use, -depth) as
-``-(next * span + j)``, with ``j`` the block's index in its request and ``span`` one more than the
-longest request's blocks; the definitions' depth is ``j * block_size``, so the order is the same."""
+"""Compiled replays of belady and cost_aware (leaf-only GreedyDual). Each mirrors its definition
+in kvlab.policies: the same keys, the same per-access clock as the last tie-break; an indexed
+heap holds the candidates (belady: blocks with a next hittable use, keyed (-next use, -depth)
+packed as ``-(next * span + j)``, ``j`` the block's index in its request and ``span`` one more
+than the longest request's blocks; cost_aware: resident leaves)."""
 
 from __future__ import annotations
 
@@ -12,26 +10,22 @@ import numba
 import numpy as np
 
 from ..errors import TraceError
-from ..policies.weighted import PINNED
 from .kernels_common import (NEVER, heap_remove, heap_set, leading_hits, new_heap, new_log, push_last,
                              unlink)
 
-MODES = {"lfu": 0, "length_aware": 1, "priority": 2}
 
-
-def run_heap(policy: str, rep, cap: int, arg: int):
-    """Dispatch lfu / length_aware / priority (``arg``: pin_tokens) / belady."""
-    evb, evr = new_log(rep.inserted)
+def _span(rep) -> int:
     span = int(rep.inserted.max()) + 1 if len(rep.inserted) else 1
     if (len(rep.tokens) + 2) * span >= 1 << 62:
         raise TraceError(f"{len(rep.tokens)} requests of up to {span - 1} blocks overflow the packed keys")
-    if policy == "belady":
-        nxt = next_uses(rep.flat, rep.offsets, rep.hittable, rep.inserted, rep.n_blocks)
-        hits, n = _belady_kernel(rep.flat, rep.offsets, rep.hittable, rep.inserted, rep.n_blocks, cap,
-                                 span, nxt, evb, evr)
-    else:
-        hits, n = _heap_kernel(rep.flat, rep.offsets, rep.hittable, rep.inserted, rep.n_blocks, cap,
-                               MODES[policy], rep.block_size, span, rep.priorities(), arg, evb, evr)
+    return span
+
+
+def run_belady(rep, cap: int):
+    evb, evr = new_log(rep.inserted)
+    nxt = next_uses(rep.flat, rep.offsets, rep.hittable, rep.inserted, rep.n_blocks)
+    hits, n = _belady_kernel(rep.flat, rep.offsets, rep.hittable, rep.inserted, rep.n_blocks, cap,
+                             _span(rep), nxt, evb, evr)
     return hits, evb[:n], evr[:n]
 
 
@@ -56,45 +50,6 @@ def next_uses(flat, offsets, hittable, inserted, n_blocks):
         for j in range(inserted[r] - 1, -1, -1):
             seen[flat[s + j]] = r if j < hittable[r] else NEVER
     return nxt
-
-
-@numba.njit(cache=True)
-def _heap_kernel(flat, offsets, hittable, inserted, n_blocks, cap, mode, bs, span, prio, pin_tokens,
-                 evb, evr):
-    n_req = len(hittable)
-    hits = np.zeros(n_req, np.int64)
-    nb = max(1, n_blocks)
-    resident = np.zeros(nb, np.bool_)
-    level = np.zeros(nb, np.int64)   # lfu / length_aware: count; priority: level
-    hk, hs, hp, pos = new_heap(nb)
-    n = 0
-    clock = 0
-    n_ev = 0
-    for r in range(n_req):
-        s = offsets[r]
-        hits[r] = leading_hits(flat, s, hittable[r], resident)
-        for j in range(inserted[r] - 1, -1, -1):
-            b = flat[s + j]
-            clock += 1
-            if mode <= 1:
-                level[b] = level[b] + 1 if resident[b] else 1
-                key = level[b] * span - j if mode == 1 else level[b]
-            else:
-                lv = PINNED if j * bs + bs <= pin_tokens else prio[r]
-                level[b] = max(level[b], lv) if resident[b] else lv
-                key = level[b]
-            resident[b] = True
-            n = heap_set(hk, hs, hp, pos, n, b, key, clock)
-        if cap < 0:
-            continue
-        while n > cap:
-            b = hp[0]
-            n = heap_remove(hk, hs, hp, pos, n, b)
-            resident[b] = False
-            evb[n_ev] = b
-            evr[n_ev] = r
-            n_ev += 1
-    return hits, n_ev
 
 
 @numba.njit(cache=True)
@@ -215,27 +170,11 @@ def _cost_kernel(flat, offsets, hittable, inserted, n_blocks, cap, bs, linear, e
 def sweep_heap(policy: str, rep, caps, args):
     """Hit blocks per request (rows) at every capacity (columns), capacities in parallel."""
     caps = np.asarray(caps, np.int64)
-    args = np.asarray(args, np.int64)
     if policy == "cost_aware":
         return _cost_sweep(rep.flat, rep.offsets, rep.hittable, rep.inserted, rep.n_blocks, caps,
-                           rep.block_size, args)
-    span = int(rep.inserted.max()) + 1 if len(rep.inserted) else 1
-    if policy == "belady":
-        nxt = next_uses(rep.flat, rep.offsets, rep.hittable, rep.inserted, rep.n_blocks)
-        return _belady_sweep(rep.flat, rep.offsets, rep.hittable, rep.inserted, rep.n_blocks, caps, span, nxt)
-    return _heap_sweep(rep.flat, rep.offsets, rep.hittable, rep.inserted, rep.n_blocks, caps,
-                       MODES[policy], rep.block_size, span, rep.priorities(), args)
-
-
-@numba.njit(cache=True, parallel=True)
-def _heap_sweep(flat, offsets, hittable, inserted, n_blocks, caps, mode, bs, span, prio, args):
-    out = np.zeros((len(hittable), len(caps)), np.int64)
-    m = max(1, inserted.sum())
-    for k in numba.prange(len(caps)):
-        hits, _ = _heap_kernel(flat, offsets, hittable, inserted, n_blocks, caps[k], mode, bs, span,
-                               prio, args[k], np.empty(m, np.int64), np.empty(m, np.int64))
-        out[:, k] = hits
-    return out
+                           rep.block_size, np.asarray(args, np.int64))
+    nxt = next_uses(rep.flat, rep.offsets, rep.hittable, rep.inserted, rep.n_blocks)
+    return _belady_sweep(rep.flat, rep.offsets, rep.hittable, rep.inserted, rep.n_blocks, caps, _span(rep), nxt)
 
 
 @numba.njit(cache=True, parallel=True)
