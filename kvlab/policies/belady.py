@@ -13,12 +13,14 @@ class Belady(Policy):
     go before it; then least recently used. Offline: only a replay knows next uses, so stores
     refuse it.
 
-    Under kvlab's simulator semantics (every full block of a request is inserted, then the cache
-    evicts down to capacity; a request hits the leading run of resident blocks) this is the
-    optimum: a child's hittable uses are a subset of its parent's, so the kept set stays
-    closed under parents and every resident hittable block counts, which reduces the problem to
-    classic paging where MIN is optimal. tests/unit/test_belady.py checks it against an
-    exhaustive search on small traces and against every policy on random ones.
+    Why this is the optimum under kvlab's simulator semantics (every full block of a request is
+    inserted anyway, then the cache evicts down to capacity; a request hits the leading run of
+    resident blocks): keeping a block pays only at its next access, and only if that access can
+    hit it, so this is Belady's MIN over the hits that keeping can win; with chained blocks a
+    child's hittable uses are among its parent's, so ties evict descendants first. Taking "next
+    hittable use" literally (skipping a next access that cannot hit) is not optimal: a pinned
+    counterexample and an exhaustive search over small traces are in tests/unit/test_belady.py,
+    and a property test checks that no policy beats it on traces from the workload generators.
     """
 
     name = "belady"
