@@ -22,7 +22,7 @@ from dataclasses import replace
 
 from .. import _blas
 from ..errors import KvlabError
-from . import blas, exp, hashing, memory, quantization, serving, simulator, snapshot, tiers, ttft
+from . import blas, exp, hashing, memory, policies, quantization, serving, simulator, snapshot, tiers, ttft
 from .settings import Settings
 from .table import Table, median_range, ms, spread
 
@@ -38,6 +38,7 @@ REGISTRY = {
     "simulator": simulator,
     "exp": exp,
     "quantization": quantization,
+    "policies": policies,
     "serving": serving,
     "tiers": tiers,
 }

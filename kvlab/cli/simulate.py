@@ -1,5 +1,6 @@
 """`kvlab simulate`: replay a Mooncake trace or a generated workload through a cache policy, no
-model involved; one capacity, or a sweep of capacities."""
+model involved; one capacity (with why the rest missed), or a sweep of capacities beside the
+offline optimum (belady), the ceiling no policy can beat."""
 
 from __future__ import annotations
 
@@ -17,9 +18,11 @@ def register(sub) -> None:
     s = sub.add_parser("simulate", help="replay a trace or workload through a cache policy (no model)")
     s.add_argument("trace", nargs="?", help="Mooncake-format JSONL trace")
     s.add_argument("--block-size", type=int, default=None, help="tokens per block (trace: 512)")
-    s.add_argument("--policy", default="lru", choices=list(POLICIES))
+    s.add_argument("--policy", default="lru", choices=list(POLICIES),
+                   help="eviction policy (kvlab.policies.POLICIES; belady: the offline optimum)")
     s.add_argument("--capacity-tokens", default="inf", help="cache capacity in tokens, or inf")
-    s.add_argument("--sweep", default=None, help="comma-separated capacities in tokens")
+    s.add_argument("--sweep", default=None,
+                   help="comma-separated capacities in tokens; each row also shows belady's ceiling")
     s.add_argument("--workload", default=None, help="generate a workload instead of reading a trace")
     s.add_argument("--prefix-len", type=int, default=256)
     s.add_argument("--suffix-len", type=int, default=256)
@@ -48,9 +51,11 @@ def simulate(args) -> int:
         frame = sweep(source, args.policy, caps, args.block_size, passes=args.passes, tokenizer=tokenizer)
         if not args.json:
             print(frame)
+            print("belady_*: the offline optimum at each capacity (no policy can beat it); "
+                  "gap_to_belady: its token hit ratio minus this policy's")
             return 0
         print_result({"source": str(args.trace or args.workload), "policy": args.policy,
-                      "sweep": frame.to_dicts()}, True)
+                      "ceiling": "belady", "sweep": frame.to_dicts()}, True)
         return 0
     r = replay(source, args.policy, args.capacity_tokens, args.block_size, passes=args.passes,
                tokenizer=tokenizer)
@@ -64,6 +69,7 @@ def simulate(args) -> int:
                               f"({out['hit_tokens']}/{out['prompt_tokens']} tokens)")
     out["request_hit_ratio"] = f"{out['request_hit_ratio']:.1%}"
     out["capacity_tokens"] = capacity_label(out["capacity_tokens"])
+    out["miss_reasons"] = ", ".join(f"{k} {v}" for k, v in out["miss_reasons"].items() if v) or "none"
     if len(per_pass) > 1:
         for p in per_pass:
             out[f"pass {p['pass']}"] = (f"{p['token_hit_ratio']:.1%} ({p['hit_tokens']}/{p['prompt_tokens']}"

@@ -9,6 +9,12 @@ request frees its blocks tail first, so its tail is evicted before its head (vLL
 Hits are full blocks only and the last prompt token is always recomputed: reuse is the number of
 leading resident blocks within the first n-1 tokens, times ``block_size``.
 
+Which free block goes is ``policy``'s choice (any online name in ``kvlab.policies.POLICIES``,
+default ``"lru"``, which is exactly the free queue's front): each block is an evictable unit of
+size 1 (capacity: ``num_blocks``, else the budget in blocks), depth ``i * block_size``, its
+parent block as ``parent``; a request's blocks are accessed when it frees them, tail first, as
+in ``kv.simulate``. Blocks a running request holds are never victims.
+
 Only attention (``KVCache``, ``QuantizedKVCache``) layers can be paged. For a model with other layers (SSM/conv state,
 rotating windows) ``insert`` stores nothing and ``lookup`` answers a miss whose ``why`` says which
 layer is the obstacle, so the Engine's Result explains the 0% reuse instead of hiding it.
@@ -32,6 +38,7 @@ from mlx.utils import tree_flatten, tree_map
 
 from ..errors import BlockSizeError, BudgetError, SnapshotError
 from ..keys import CacheKey
+from ..policies import KIND_PRIORITY, Unit, store_policy
 from ..snapshots import LayerState, Snapshot
 from ..tokens import Tokens
 from .base import EventLog, Match, StoreBase, check_budget, default_budget
@@ -66,13 +73,15 @@ class PagedStore(StoreBase):
     """vLLM-style paged prefix cache (see module docstring).
 
     ``num_blocks`` is the pool size; ``budget_bytes`` (default 25% of RAM) also caps the resident
-    blocks' bytes. Both bound what stays cached: the least recently freed blocks go first.
+    blocks' bytes. Both bound what stays cached; ``policy`` (a name or a ``kvlab.policies.Policy``;
+    default the least recently freed block first) and ``policy_params`` say which block goes.
     """
 
     name = "paged"
 
     def __init__(self, block_size: int = 16, num_blocks: int | None = None, *,
-                 budget_bytes: int | None = None, on_evict=None):
+                 budget_bytes: int | None = None, policy="lru", policy_params: dict | None = None,
+                 on_evict=None):
         if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size <= 0:
             raise BlockSizeError(f"block_size must be a positive int (vLLM uses 16), got {block_size!r}")
         if num_blocks is not None and (isinstance(num_blocks, bool) or not isinstance(num_blocks, int)
@@ -81,6 +90,9 @@ class PagedStore(StoreBase):
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.budget_bytes = check_budget(budget_bytes if budget_bytes is not None else default_budget())
+        # capacity in blocks; without num_blocks it is known once a snapshot gives a block's bytes
+        self.policy = store_policy(policy, num_blocks, policy_params, store=self.name)
+        self._policy_spec = None if num_blocks is not None or not isinstance(policy, str) else (policy, policy_params)
         self._blocks: dict[bytes, Block] = {}
         # free but cached blocks, front = evicted first (vLLM's FreeKVCacheBlockQueue)
         self._free: OrderedDict[bytes, Block] = OrderedDict()
@@ -133,6 +145,10 @@ class PagedStore(StoreBase):
             return
         self._check_model(snap)
         per_block = _bytes_per_token(snap) * self.block_size
+        if self._policy_spec is not None:  # first blocks: size the policy to the budget in blocks
+            name, params = self._policy_spec
+            self.policy = store_policy(name, self.budget_bytes // max(per_block, 1), params, store=self.name)
+            self._policy_spec = None
         if self.num_blocks is not None and len(hashes) > self.num_blocks:
             raise BudgetError(f"paged: this request needs {len(hashes)} blocks of {self.block_size} "
                               f"tokens but the pool has num_blocks={self.num_blocks}; raise num_blocks "
@@ -154,9 +170,13 @@ class PagedStore(StoreBase):
             parent = h
         # ... and frees them when it finishes, tail first, so the tail is evicted before the head
         tick = next(self._clock)
-        for block in reversed(held):
+        priority = KIND_PRIORITY.get(kind, 0)
+        for i in range(len(held) - 1, -1, -1):
+            block = held[i]
             block.ref_cnt -= 1
             block.last_used = max(block.last_used, tick)
+            self.policy.access(Unit(block.hash, 1, i * self.block_size, self.block_size, block.parent,
+                                    priority))
             if block.ref_cnt == 0:
                 self._free[block.hash] = block
 
@@ -192,7 +212,8 @@ class PagedStore(StoreBase):
         if not self._free:
             # unreachable after insert's size checks: every other block is free between requests
             raise BudgetError("paged: every block is referenced; raise num_blocks or budget_bytes")
-        h, block = next(iter(self._free.items()))
+        h = self.policy.victim(self._free.__contains__)
+        block = self._free[h]
         if self.on_evict is not None:
             self.on_evict(h.hex(), self._gather([block], block.token_ids))  # hand it over first
         del self._free[h]
@@ -200,7 +221,7 @@ class PagedStore(StoreBase):
         self._bytes -= block.nbytes
         self.evictions += 1
         self.log.add("block_removed", tokens=len(block.token_ids), nbytes=block.nbytes,
-                     entry=h.hex(), reason="lru", capacity=True)
+                     entry=h.hex(), reason=self.policy.name, capacity=True)
 
     def _gather(self, hits: list[Block], ids) -> Snapshot:
         n = len(hits) * self.block_size

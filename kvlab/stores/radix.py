@@ -1,4 +1,9 @@
-"""RadixStore: a token-level radix tree of snapshots with LRU eviction under a byte budget (SGLang-like).
+"""RadixStore: a token-level radix tree of snapshots evicted under a byte budget (SGLang-like).
+
+Eviction drops whole entries, chosen by ``policy`` (any online name in
+``kvlab.policies.POLICIES``, default ``"lru"``): an entry is one evictable unit of its snapshot's
+bytes, depth 0 (a snapshot holds its whole prefix) and priority by insert kind
+(``kvlab.policies.KIND_PRIORITY``); lookups and refreshed inserts are its hits.
 
 Match kinds: ``exact`` (an entry for exactly these tokens), ``prefix`` (an entry for a prefix of
 them), ``lcp`` (a longer entry that shares a prefix, trimmed to it) and ``supersequence`` (an entry
@@ -22,6 +27,7 @@ from dataclasses import dataclass, field
 import polars as pl
 
 from ..keys import CacheKey
+from ..policies import KIND_PRIORITY, Unit, store_policy
 from ..snapshots import Snapshot, compact, non_trimmable_layers
 from ..tokens import Tokens, common_prefix_len
 from .base import MISS, NON_CAPACITY_REASONS, EventLog, Match, StoreBase, check_budget, default_budget, too_big
@@ -60,12 +66,15 @@ class Node:
 
 
 class RadixStore(StoreBase):
-    """Token-level radix tree (see module docstring). ``budget_bytes`` defaults to 25% of RAM."""
+    """Token-level radix tree (see module docstring). ``budget_bytes`` defaults to 25% of RAM;
+    ``policy`` (a name or a ``kvlab.policies.Policy``) and ``policy_params`` choose eviction."""
 
     name = "radix"
 
-    def __init__(self, budget_bytes: int | None = None, *, subsume: bool = True, on_evict=None):
+    def __init__(self, budget_bytes: int | None = None, *, subsume: bool = True, policy="lru",
+                 policy_params: dict | None = None, on_evict=None):
         self.budget_bytes = check_budget(budget_bytes if budget_bytes is not None else default_budget())
+        self.policy = store_policy(policy, self.budget_bytes, policy_params, store=self.name)
         self.subsume = subsume
         self.on_evict = on_evict  # on_evict(entry_id: str, snapshot) before an entry leaves for room
         self._ids = itertools.count(1)
@@ -146,6 +155,7 @@ class RadixStore(StoreBase):
                 and old.snapshot.kinds == snap.kinds):
             # same tokens, same model: the KV is the same, so keep the entry and refresh it
             old.last_used = next(self._clock)
+            self.policy.access(self._unit(old))
             return
         # keep exact-size copies: the snapshot's views would hold mlx-lm's whole buffer, not nbytes
         snap = compact(snap)
@@ -160,6 +170,7 @@ class RadixStore(StoreBase):
         node.entry = entry
         self._entries[entry.id] = (entry, node)
         self._bytes += entry.nbytes
+        self.policy.access(self._unit(entry))
         self.log.add("insert", tokens=entry.tokens, nbytes=entry.nbytes, entry=entry.id, kind=kind)
         if self.subsume and snap.trimmable:
             # A trimmable entry serves every prefix of itself, so ancestors only cost memory.
@@ -196,10 +207,14 @@ class RadixStore(StoreBase):
                 out.append(n.entry)
         return out
 
+    def _unit(self, entry: Entry) -> Unit:
+        return Unit(entry.id, entry.nbytes, 0, entry.tokens, None, KIND_PRIORITY.get(entry.kind, 0))
+
     def _touch(self, entry_id: int, path) -> None:
         entry, node = self._entries[entry_id]
         tick = next(self._clock)
         entry.last_used, entry.hits = tick, entry.hits + 1
+        self.policy.access(self._unit(entry))
         for n in path:
             n.hits += 1
             n.last_used = tick
@@ -229,6 +244,7 @@ class RadixStore(StoreBase):
             self.on_evict(str(entry.id), entry.snapshot)  # hand it over (a tier demotes it) first
         node.entry = None
         del self._entries[entry.id]
+        self.policy.remove(entry.id)  # a no-op after the policy chose it as victim
         self._bytes -= entry.nbytes
         self.log.add("evict", tokens=entry.tokens, nbytes=entry.nbytes, entry=entry.id, reason=reason,
                      capacity=capacity)
@@ -249,11 +265,10 @@ class RadixStore(StoreBase):
 
     def _evict(self, protect: int) -> None:
         while self._bytes > self.budget_bytes:
-            victims = [e for e, _ in self._entries.values() if e.id != protect]
-            if not victims:
+            if not any(i != protect for i in self._entries):
                 break
-            victim = min(victims, key=lambda e: e.last_used)
-            self._drop(victim, self._entries[victim.id][1], "lru")
+            victim, node = self._entries[self.policy.victim(lambda i: i != protect)]
+            self._drop(victim, node, self.policy.name)
 
     # -- looking ----------------------------------------------------------------------------------
     def contains(self, key: CacheKey) -> bool:

@@ -14,6 +14,8 @@ import kvlab as kv
 from kvlab.errors import BlockSizeError, BudgetError, KvlabError
 from kvlab.bench.simulator import bench_simulator
 from kvlab.cli import main
+from kvlab.policies import MISS_REASONS
+from kvlab.policies import POLICIES as POLICY_TABLE
 from kvlab.sim_kernels import replay_kernel
 from kvlab.simulator import prepare_replay, replay_python
 
@@ -108,7 +110,8 @@ def test_summary_names_both_hit_rates():
     assert s["token_hit_ratio"] == pytest.approx(8 / 27)
     assert s["request_hit_ratio"] == pytest.approx(1 / 3)
     assert {"hit_tokens", "prompt_tokens", "requests", "evictions", "hit_blocks"} <= set(s)
-    assert r.requests.columns == ["request", "pass", "prompt_tokens", "hit_blocks", "hit_tokens", "hit"]
+    assert r.requests.columns == ["request", "pass", "prompt_tokens", "hit_blocks", "hit_tokens", "hit",
+                                  *MISS_REASONS, "evicted_by"]
     assert r.requests["hit"].to_list() == [False, True, False]
     assert "token hit 29.6%" in repr(r) and "\n" not in repr(r)
     assert "<table>" in r._repr_html_()
@@ -283,8 +286,8 @@ def test_chat_workloads_need_a_tokenizer():
 
 def test_errors_say_what_to_do():
     t = trace([(9, [0, 1, 2])])
-    with pytest.raises(KvlabError, match="unknown policy 'arc'"):
-        kv.simulate(t, "arc")
+    with pytest.raises(KvlabError, match="unknown policy 'clock'"):
+        kv.simulate(t, "clock")
     with pytest.raises(BudgetError, match="int >= 0"):
         kv.simulate(t, "lru", -5)
     with pytest.raises(BudgetError, match="never evicts"):
@@ -307,3 +310,40 @@ def test_bench_simulator_reports_speedup_and_throughput():
     assert b["identical"] and b["requests"] == 200 and len(b["capacities_tokens"]) == 4
     assert {"median", "min", "max", "n"} <= set(b["speedup"])
     assert b["blocks_per_s"]["sweep"]["median"] > 0
+
+
+# --- every policy through the CLI; the sweep's ceiling ---------------------------------------
+
+
+@pytest.mark.parametrize("policy", ["infinite", *POLICY_TABLE])
+def test_cli_accepts_every_policy(policy, tmp_path, capsys):
+    t = kv.traces.from_requests([list(range(40)), list(range(40)), list(range(30)), list(range(60))], 4,
+                                block_size=8)
+    path = t.write(tmp_path / "t.jsonl")
+    cap = "inf" if policy == "infinite" else "16"
+    assert main(["simulate", str(path), "--block-size", "8", "--policy", policy, "--capacity-tokens", cap,
+                 "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    want = kv.simulate(t, policy, None if policy == "infinite" else 16)
+    assert data["policy"] == policy and data["hit_tokens"] == want.summary["hit_tokens"]
+    assert sum(data["miss_reasons"].values()) == data["prompt_tokens"] - data["hit_tokens"]
+
+
+def test_cli_sweep_reports_the_belady_ceiling(tmp_path, capsys):
+    t = kv.traces.from_requests([list(range(40)), list(range(100, 140)), list(range(40)), list(range(30))], 4,
+                                block_size=8)
+    path = t.write(tmp_path / "t.jsonl")
+    assert main(["simulate", str(path), "--block-size", "8", "--policy", "fifo", "--sweep", "16,40,inf",
+                 "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["ceiling"] == "belady"
+    rows = data["sweep"]
+    best = kv.sweep(t, "belady", [16, 40, None])["hit_tokens"].to_list()
+    assert [r["belady_hit_tokens"] for r in rows] == best
+    assert all(r["hit_tokens"] <= r["belady_hit_tokens"] for r in rows)
+    assert main(["simulate", str(path), "--block-size", "8", "--sweep", "16,inf"]) == 0
+    out = capsys.readouterr().out
+    assert "belady_*: the offline optimum at each capacity" in out and "gap_to_be" in out
+    with pytest.raises(SystemExit):  # argparse: invalid choice
+        main(["simulate", str(path), "--policy", "clock"])
+    assert "invalid choice: 'clock'" in capsys.readouterr().err

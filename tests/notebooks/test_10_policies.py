@@ -1,0 +1,72 @@
+"""notebooks/10_policies under papermill: every policy beside the optimum on the Mooncake trace and a
+workload, misses by reason, and the three reproductions, read back from its results table."""
+
+from __future__ import annotations
+
+import polars as pl
+import pytest
+from notebook_helpers import NOTEBOOKS, execute
+
+from kvlab.policies import MISS_REASONS, ONLINE, POLICIES
+from kvlab.sim.reproductions import MOONCAKE_TABLE1
+
+NAME = "10_policies"
+
+
+def test_10_policies_reserves_the_shared_node_radix_section():
+    import nbformat
+
+    nb = nbformat.read(NOTEBOOKS / f"{NAME}.ipynb", as_version=4)
+    assert any(c.cell_type == "markdown" and "shared-node radix tree" in c.source and "To be added" in c.source
+               for c in nb.cells)
+
+
+def wide(df: pl.DataFrame, experiment: str) -> pl.DataFrame:
+    return (df.filter(pl.col("experiment") == experiment)
+            .pivot(on="metric", index=["source", "policy", "capacity_tokens"], values="value"))
+
+
+@pytest.mark.notebook
+def test_10_policies(tmp_path):
+    df, _ = execute(NAME, tmp_path, head=800, capacity_points=5, workload_prompts=60)
+    assert df.columns == ["experiment", "source", "policy", "capacity_tokens", "metric", "value"]
+
+    for experiment in ("trace_sweep", "workload_sweep"):
+        f = wide(df, experiment)
+        assert set(f["policy"]) == set(POLICIES)
+        # no policy beats the optimum; the ceiling is one number per capacity
+        assert (f["token_hit_ratio"] <= f["belady_token_hit_ratio"] + 1e-12).all(), experiment
+        assert (f["gap_to_belady"] >= -1e-12).all()
+        best = f.filter(pl.col("policy") == "belady")
+        assert best["token_hit_ratio"].to_list() == best["belady_token_hit_ratio"].to_list()
+        assert f.group_by("capacity_tokens").agg(pl.col("belady_token_hit_ratio").n_unique())[
+            "belady_token_hit_ratio"].to_list() == [1] * best.height
+    trace = wide(df, "trace_sweep")
+    top = trace["capacity_tokens"].max()
+    assert trace.filter(pl.col("capacity_tokens") == top)["gap_to_belady"].abs().max() < 1e-12  # all fit
+    scarce = trace.filter((pl.col("capacity_tokens") < top) & (pl.col("policy") != "belady"))
+    assert scarce["gap_to_belady"].min() > 0  # every online policy leaves room where capacity is scarce
+
+    reasons = wide(df, "miss_reasons")
+    assert set(reasons["policy"]) == {"lru", "arc"}
+    missed = reasons.select(MISS_REASONS).sum_horizontal() + reasons["hit_tokens"]
+    assert (missed == reasons["prompt_tokens"]).all()
+    assert reasons["evicted"].max() > 0 and reasons["over_capacity"].max() > 0
+
+    scan = wide(df, "scan_resistance")
+    kept = dict(zip(scan["policy"], scan["hot_tokens_kept"]))
+    assert set(kept) == set(ONLINE)
+    assert kept["lru"] == 0 and kept["arc"] == 1024
+
+    qa = wide(df, "multi_round_qa").sort("source")
+    assert qa["reuse_ratio"].to_list() == pytest.approx([0, 1 / 2, 2 / 3, 3 / 4])
+    assert qa["reuse_ratio"].to_list() == qa["expected"].to_list()
+
+    t1 = wide(df, "mooncake_table1")
+    for policy in ("lru", "lfu", "length_aware"):
+        paper = t1.filter(pl.col("policy") == policy).sort("capacity_tokens", nulls_last=True)
+        assert paper["paper_hit_ratio"].to_list() == list(MOONCAKE_TABLE1[policy])
+    for blocks in (1_000, 10_000):
+        at = t1.filter(pl.col("capacity_tokens") == blocks * 512)
+        r_ = dict(zip(at["policy"], at["token_hit_ratio"]))
+        assert r_["lru"] > r_["lfu"] > r_["length_aware"]
