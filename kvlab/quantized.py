@@ -16,7 +16,6 @@ Example:
 
 from __future__ import annotations
 
-from mlx_lm.models import cache as mlx_cache
 
 from .errors import QuantizationError, SnapshotError
 
