@@ -5,10 +5,11 @@ stays (scan resistance, priorities by insert kind) with the reason named in the 
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import initialize
-from test_store_budget import TOKEN_BYTES, TOKS, PagedMachine, RadixMachine, synthetic
+from hypothesis.stateful import rule
+from test_store_budget import TOKEN_BYTES, TOKS, PagedMachine, RadixMachine, ids_strategy, synthetic
 
 import kvlab as kv
+from kvlab.errors import BudgetError
 from kvlab.keys import CacheKey
 from kvlab.policies import ONLINE, make_policy
 
@@ -17,23 +18,67 @@ MACHINE = settings(max_examples=15, stateful_step_count=20, deadline=None,
 
 
 def radix_machine(policy):
+    """RadixMachine whose model follows the store's own choice of victims: the policy decides
+    what leaves, so the machine checks what holds under any policy (budget, bytes, evictions
+    only when the budget demands, complete and correct lookups over what is resident)."""
+
     class M(RadixMachine):
-        @initialize(budget_tokens=st.integers(1, 60))
-        def setup(self, budget_tokens):
-            self.budget = budget_tokens * TOKEN_BYTES
-            self.store = kv.RadixStore(budget_bytes=self.budget, policy=policy)
-            self.evicted = set()
+        def make_store(self, budget):
+            return kv.RadixStore(budget_bytes=budget, policy=policy)
+
+        @rule(ids=ids_strategy, recurrent=st.booleans())
+        def insert(self, ids, recurrent):
+            snap = synthetic(ids, recurrent=recurrent)
+            if snap.nbytes > self.budget:
+                with pytest.raises(BudgetError, match="budget"):
+                    self.store.insert(CacheKey(ids), TOKS, snap)
+                return
+            self.store.insert(CacheKey(ids), TOKS, snap)
+            events = self.store.drain_events()
+            room = [e for e in events if e.capacity]
+            assert all(e.reason == policy for e in room)
+            if room:  # it stopped as soon as everything fitted: the last victim had to go
+                assert self.store.nbytes + room[-1].nbytes > self.budget
+            self.evicted |= {e.entry for e in events if e.event == "evict"}
+            entries = sorted((e for e, _ in self.store._entries.values()), key=lambda e: e.last_used)
+            m = self.model
+            m.order = [e.snapshot.token_ids for e in entries]
+            m.trimmable = {e.snapshot.token_ids: e.snapshot.trimmable for e in entries}
+            m.nbytes = {e.snapshot.token_ids: e.snapshot.nbytes for e in entries}
+            self.ids_of = {str(e.id): e.snapshot.token_ids for e in entries}
+            assert self.store.contains(CacheKey(ids))
+
     M.__name__ = f"Radix_{policy}"
     return M
 
 
 def paged_machine(policy):
+    """PagedMachine's reference and budget checks under any policy (the victims are the
+    policy's): resident blocks, references during an insert, lookups over resident blocks."""
+
     class M(PagedMachine):
-        @initialize(num_blocks=st.integers(1, 12))
-        def setup(self, num_blocks):
-            self.num_blocks = num_blocks
-            self.store = kv.PagedStore(block_size=4, num_blocks=num_blocks, policy=policy)
-            self.resident, self.removed = set(), set()
+        def make_store(self, num_blocks, budget_bytes):
+            return kv.PagedStore(block_size=4, num_blocks=num_blocks, budget_bytes=budget_bytes,
+                                 policy=policy)
+
+        @rule(ids=ids_strategy)
+        def insert(self, ids):
+            key, snap = CacheKey(ids), synthetic(ids)
+            hashes = self.store.hashes(key)
+            if self.model.refuses(hashes):
+                with pytest.raises(BudgetError):
+                    self.store.insert(key, TOKS, snap)
+                return
+            self.request = hashes
+            self.store.insert(key, TOKS, snap)
+            self.request = []
+            events = self.store.drain_events()
+            assert all(e.reason == policy for e in events if e.event == "block_removed")
+            assert set(hashes) <= set(self.store._blocks)
+            self.model.resident = set(self.store._blocks)
+            self.model.free = list(self.store._free)
+            assert all(b.ref_cnt == 0 for b in self.store._blocks.values())
+
     M.__name__ = f"Paged_{policy}"
     return M
 

@@ -3,6 +3,7 @@ with one thing wrong, and the machine, run with fixed settings (derandomized), m
 
 A machine that passed every mutant would only check that stores do not crash."""
 
+import builtins
 from collections import OrderedDict
 
 import pytest
@@ -10,6 +11,7 @@ from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
 import kvlab as kv
+from kvlab.policies.recency import LRU
 from kvlab.stores import paged as paged_module
 from kvlab.stores.base import MISS
 
@@ -75,11 +77,13 @@ def test_radix_machine_catches(mutant):
         run_state_machine_as_test(Mutant, settings=CATCH)
 
 
-class NewestFirst(OrderedDict):
-    """A free queue evicted from its back: the most recently freed block goes first."""
+class NewestFirst(LRU):
+    """The eviction order reversed: the most recently freed block goes first."""
 
-    def popitem(self, last=True):
-        return super().popitem(last=True)
+    def _pick(self, ok):
+        key = next(k for k in reversed(self.order) if ok(k))
+        del self.order[key]
+        return key
 
 
 class KeepsHitsFree(OrderedDict):
@@ -89,17 +93,33 @@ class KeepsHitsFree(OrderedDict):
         return self.get(key, *default)
 
 
-def _with_free_queue(cls):
-    def make(num_blocks, budget_bytes):
-        store = kv.PagedStore(block_size=4, num_blocks=num_blocks, budget_bytes=budget_bytes)
-        store._free = cls()
-        return store
-    return make
+def _paged(num_blocks, budget_bytes):
+    return kv.PagedStore(block_size=4, num_blocks=num_blocks, budget_bytes=budget_bytes)
+
+
+def _evicts_newest(num_blocks, budget_bytes):
+    store = _paged(num_blocks, budget_bytes)
+    store.policy = NewestFirst(store.policy.capacity)
+    store._policy_spec = None  # keep this policy when the first snapshot sizes the pool
+    return store
+
+
+def _keeps_hits_free(num_blocks, budget_bytes):
+    store = _paged(num_blocks, budget_bytes)
+    store._free = KeepsHitsFree()
+    return store
+
+
+def _head_first_range(*args):
+    # insert frees a request's blocks with range(n - 1, -1, -1) (tail first); this frees head first
+    if len(args) == 3 and args[2] == -1:
+        return builtins.range(args[1] + 1, args[0] + 1)
+    return builtins.range(*args)
 
 
 PAGED_MUTANTS = {
-    "evict newest": _with_free_queue(NewestFirst),
-    "referenced block left in the free queue": _with_free_queue(KeepsHitsFree),
+    "evict newest": _evicts_newest,
+    "referenced block left in the free queue": _keeps_hits_free,
     "free head first": None,  # the request's blocks freed head first (below)
 }
 
@@ -108,7 +128,7 @@ PAGED_MUTANTS = {
 def test_paged_machine_catches(mutant, monkeypatch):
     make = PAGED_MUTANTS[mutant]
     if mutant == "free head first":
-        monkeypatch.setattr(paged_module, "reversed", lambda xs: iter(xs), raising=False)
+        monkeypatch.setattr(paged_module, "range", _head_first_range, raising=False)
 
     class Mutant(PagedMachine):
         def make_store(self, num_blocks, budget_bytes):
