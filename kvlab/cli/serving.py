@@ -23,6 +23,10 @@ def register(sub) -> None:
     s.add_argument("--normalise", action="store_true",
                    help="apply kvlab's normalisation rules (the billing header) to messages")
     s.add_argument("--api-key", default=None, help="required key on every route (default $KVLAB_API_KEY)")
+    s.add_argument("--disk", default=None, metavar="PATH",
+                   help="a disk tier behind the radix/paged store: a folder that survives restarts")
+    s.add_argument("--disk-budget", default=None, help="disk tier budget, e.g. 20GiB (default: a "
+                   "quarter of the free disk)")
     s.add_argument("--block-size", type=int, default=16, help="paged store block size / recorded hash blocks")
     s.add_argument("--max-tokens", type=int, default=512, help="default tokens to generate per request")
     s.set_defaults(func=serve)
@@ -33,7 +37,8 @@ def serve(args) -> int:
 
     server = Server(args.model, args.store, budget=args.budget, host=args.host, port=args.port,
                     record=args.record, record_text=args.record_text, normalise=args.normalise,
-                    api_key=args.api_key, block_size=args.block_size, max_tokens=args.max_tokens)
+                    api_key=args.api_key, block_size=args.block_size, max_tokens=args.max_tokens,
+                    disk=args.disk, disk_budget=args.disk_budget)
     server.start()
 
     def stop(signum, frame):
@@ -43,7 +48,8 @@ def serve(args) -> int:
     budget = server.budget_bytes if server.budget_bytes is not None else "unbounded"
     print(f"kvlab serve: {server.url} · model {server.model.name} · store {server.store_name} · "
           f"budget {budget} B{' · normalise' if server.normalise else ''}"
-          f"{' · recording ' + str(args.record) if args.record else ''} · Ctrl-C to stop", flush=True)
+          f"{' · recording ' + str(args.record) if args.record else ''}"
+          f"{' · disk tier ' + str(args.disk) if args.disk else ''} · Ctrl-C to stop", flush=True)
     try:
         server.wait()
     except KeyboardInterrupt:

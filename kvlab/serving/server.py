@@ -65,7 +65,8 @@ class Server:
     def __init__(self, model="tiny", store="radix", *, budget=None, host: str = "127.0.0.1",
                  port: int = 0, record=None, record_text: bool = False, normalise: bool = False,
                  api_key: str | None = None, block_size: int = 16, max_size: int = 10,
-                 max_tokens: int = 512, decode_concurrency: int = 32, prompt_concurrency: int = 8):
+                 max_tokens: int = 512, decode_concurrency: int = 32, prompt_concurrency: int = 8,
+                 disk=None, disk_budget=None):
         from ..models import Model, load
 
         self.model = model if isinstance(model, Model) else load(model)
@@ -74,6 +75,9 @@ class Server:
         self.api_key = api_key if api_key is not None else os.environ.get(ENV_KEY) or None
         budget_bytes = None if budget is None else parse_bytes(budget)
         self.events_log = ServerEvents()
+        if disk is not None:
+            store = self._tiered(store, disk, budget_bytes, disk_budget, block_size)
+            budget_bytes = None
         self.store_name, self.adapter = self._adapter(store, budget_bytes, block_size, max_size)
         self.budget_bytes = self.adapter.budget_bytes
         self._mlx_budget = budget_bytes if self.store_name == "mlx-lru" else None
@@ -102,6 +106,16 @@ class Server:
             raise KvlabError("budget= applies to a store made by name; a store object keeps its own "
                              "budget_bytes")
         return getattr(store, "name", type(store).__name__), StoreAdapter(store, self.model, self.events_log)
+
+    def _tiered(self, store, disk, budget_bytes, disk_budget, block_size):
+        """A TieredStore: the named RAM store in front of a DiskStore at ``disk`` (survives restarts)."""
+        from ..stores import make_store
+
+        if store not in ("radix", "paged"):
+            raise KvlabError(f"--disk puts a disk tier behind a radix or paged RAM store, not {store!r}")
+        return make_store("tiered", ram=store, budget_bytes=budget_bytes, block_size=block_size,
+                          disk_path=disk, model=self.model,
+                          disk_budget_bytes=None if disk_budget is None else parse_bytes(disk_budget))
 
     # -- running ----------------------------------------------------------------------------------
     def start(self) -> "Server":
@@ -149,6 +163,10 @@ class Server:
                 pass
         self._httpd.server_close()  # joins the handler threads
         self._thread.join()
+        from ..stores.tiered import TieredStore
+
+        if isinstance(self.adapter.store, TieredStore):
+            self.adapter.store.flush()  # the disk tier keeps what RAM still holds, for the next start
         self.ledger.close()
         if self.recorder is not None:
             self.recorder.close()
