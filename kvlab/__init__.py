@@ -22,7 +22,7 @@ __version__ = "0.1.0"
 # name -> module; resolved on first use so `import kvlab` stays cheap and viz stays optional
 _LAZY = {
     "load": "models", "Model": "models", "fingerprint": "models",
-    "load_vlm": "vlm",
+    "load_vlm": "vlm", "VLModel": "vlm",
     "tokenise": "tokens", "Tokens": "tokens", "Span": "tokens",
     "split_at_boundary": "boundary", "Split": "boundary",
     "prefill": "snapshots", "snapshot": "snapshots", "restore": "snapshots", "trim": "snapshots",
@@ -44,7 +44,7 @@ _LAZY = {
     "load_test": "serving.load",
 }
 _SUBMODULES = {"workloads", "traces", "viz", "bench", "runner", "grid", "stores", "magics", "keys", "tokens",
-               "serving", "cost"}
+               "serving", "cost", "blocks", "policies", "replay", "quantization"}
 
 _ERRORS = {"BlockSizeError", "BoundaryError", "BudgetError", "ImageError", "KvlabError",
            "ModelNotFoundError", "NotTrimmableError", "QuantizationError", "RequestError", "SnapshotError",

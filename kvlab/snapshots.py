@@ -228,8 +228,8 @@ def compact(snap: Snapshot) -> Snapshot:
 class Runnable(Protocol):
     """A kvlab model (kv.Model, kv.VLModel): ``net`` runs token ids with mlx-lm's signature
     ``net(ids[1, L], cache=...) -> logits[1, L, vocab]``; ``make_cache()`` builds its cache;
-    ``check_ids`` rejects ids outside its vocabulary. Bare nets (an mlx-lm model, a VLM bound to
-    one request) are accepted wherever a model is, unchecked."""
+    ``check_ids`` rejects ids outside its vocabulary. A VLM bound to one request (its net) is
+    Runnable too; a bare mlx-lm module is accepted wherever a model is, its ids unchecked."""
 
     net: Any
 

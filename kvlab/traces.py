@@ -22,8 +22,8 @@ from typing import Sequence
 
 import numpy as np
 import polars as pl
-import xxhash
 
+from .blocks import chained_hashes
 from .errors import BlockSizeError, TraceError
 
 MOONCAKE_BLOCK_SIZE = 512
@@ -253,21 +253,6 @@ def from_workload(workload, tokenizer=None, block_size: int = MOONCAKE_BLOCK_SIZ
             for r in workload.requests]
     t = from_requests(ids, [r.max_tokens for r in workload.requests], block_size, keys=keys)
     return Trace(t.frame, block_size, f"workload:{workload.name}")
-
-
-def chained_hashes(ids: Sequence[int], block_size: int, *, key=None, partial: bool = True) -> list[bytes]:
-    """Chained hashes of the full blocks of ``ids`` (``kv.block_hashes``, ``key`` as its salt)
-    and, with ``partial``, one more for a trailing partial block, chained on the last full one."""
-    from .blocks import NONE_HASH, block_hashes
-
-    ids = np.asarray(ids, dtype=np.int64)
-    full = block_hashes(ids, block_size, salt=key)
-    rest = len(ids) % block_size
-    if partial and rest:
-        # marked so a partial block never equals a full one; salted like block 0 when it is block 0
-        parent = full[-1] if full else NONE_HASH["xxh3_128"] + repr(key).encode()
-        full.append(xxhash.xxh3_128_digest(parent + b"partial" + ids[-rest:].astype("<u4").tobytes()))
-    return full
 
 
 def _check_block_size(block_size) -> int:

@@ -35,7 +35,8 @@ from pathlib import Path
 
 from ..errors import KvlabError
 from ..request import Request, Workload
-from ..traces import MOONCAKE_BLOCK_SIZE, chained_hashes
+from ..blocks import chained_hashes
+from ..traces import MOONCAKE_BLOCK_SIZE
 
 ID_BITS = (1 << 63) - 1
 

@@ -8,6 +8,7 @@ import polars as pl
 import pytest
 
 import kvlab as kv
+from kvlab.blocks import chained_hashes
 from kvlab.errors import BlockSizeError, TraceError
 
 
@@ -115,7 +116,7 @@ def test_from_requests_keys_and_validation():
 
 def test_from_requests_uses_the_project_block_hashes():
     ids = list(range(48))
-    hashes = kv.traces.chained_hashes(ids, 16, partial=False)
+    hashes = chained_hashes(ids, 16, partial=False)
     assert hashes == kv.block_hashes(ids, 16)
 
 
