@@ -17,7 +17,10 @@
 #
 # A prefix cache trades memory for prefill time. This notebook looks at both sides:
 #
-# 1. **Quantized KV caches** (reserved: added by the quantization work);
+# 1. **Quantized KV caches**: mlx-lm's `QuantizedKVCache` (`kv_bits`, `kv_group_size`) keeps each
+#    token's head vectors as packed 2-8-bit integers plus a scale and a bias per group. KL
+#    divergence of the next-token distributions against the float cache, top-1 agreement and the
+#    bytes a token takes (measured, and from the formula), and the error reuse adds on top;
 # 2. **Tiers**: a RAM store in front of a `kv.DiskStore` (one safetensors file per entry). RAM
 #    evictions are demoted to disk, disk hits promoted back; every hit says which tier served it.
 #    A second Engine over a fresh store on the same folder shows the cache surviving a restart;
@@ -25,8 +28,10 @@
 #    its residuals on held-out points, a capacity sweep in seconds, and when loading a prefix from
 #    RAM or disk beats recomputing it.
 #
-# Defaults run in a minute or two on the tiny random-weight model; set `model = "smollm2"` for the
-# embedded SmolLM2-135M-Instruct (the RAM budget scales with it: about one prompt).
+# Defaults run in a few minutes: tiers and cost on the tiny random-weight model (set `model =
+# "smollm2"` for the embedded SmolLM2-135M-Instruct; the RAM budget scales with it: about one
+# prompt), quantization on SmolLM2 (`quant_model`): mlx's group sizes are 32, 64 and 128, and the
+# tiny model's head dimension (16) is divisible by none of them.
 
 # %%
 import kvlab as kv  # first: loads OpenBLAS before MLX (~40x faster float32 matmuls on Linux)
@@ -36,6 +41,7 @@ from pathlib import Path
 
 import plotly.graph_objects as go
 import polars as pl
+from kvlab.quantization import SAMPLE_TEXTS
 
 # %% tags=["parameters"]
 model = "tiny"                 # "smollm2": the embedded SmolLM2-135M-Instruct
@@ -54,14 +60,85 @@ fit_repeats = 3
 sweep_capacities = [0, 1024, 2048, 4096, 8192, None]   # tokens (None: unbounded)
 crossover_lengths = [256, 1024]
 crossover_repeats = 3
+quant_model = "smollm2"        # quantized KV needs head_dim divisible by 32; "tiny" (16) cannot
+quant_bits = [2, 4, 8]         # the full table: [2, 3, 4, 6, 8]
+quant_group_sizes = None       # None: every mlx group size dividing head_dim (SmolLM2: 32 and 64)
+quant_texts = 1                # how many of kvlab's sample paragraphs (3 ship with kvlab)
+quant_lengths = [64]           # tokens of context quantized before the evaluated positions
+quant_eval_tokens = 32
+reuse_prefix = 64              # cached prefix of the reuse-under-quantization experiment
+reuse_bits = [4, 8]
+reuse_group_size = 64
 results_path = "results.parquet"
 
 # %% [markdown]
 # ## 1 · Quantized KV caches
 #
-# > **Reserved for the quantization work (issue 13, section 1).** KL divergence against bytes per
-# > token (one curve per group size) and the error that reuse adds on top of quantization go here,
-# > with their rows in the results table (`section = "quantization"`).
+# A prefix is prefilled in float, the cache is quantized (as mlx-lm's generate does), and the next
+# tokens run teacher-forced through it. Reuse: a cached quantized prefix plus a new suffix against
+# the cold run (cold, mlx-lm computes the suffix against float KV and quantizes afterwards; on a
+# hit the suffix attends to the quantized prefix): the difference is what reuse adds on top of
+# quantization itself.
+
+# %%
+qm = kv.load(quant_model)
+qm
+
+# %% [markdown]
+# ### The sweep
+
+# %%
+qsweep = kv.quantization_sweep(qm, list(SAMPLE_TEXTS[:quant_texts]), bits=tuple(quant_bits),
+                               group_sizes=quant_group_sizes, lengths=tuple(quant_lengths),
+                               eval_tokens=quant_eval_tokens)
+qsummary = (qsweep.group_by("kv_format", "bits", "group_size")
+            .agg(pl.col("kl_mean").mean(), pl.col("kl_max").max(), pl.col("top1_agree").mean(),
+                 pl.col("bytes_per_token").first(), pl.col("formula_bytes_per_token").first(),
+                 pl.col("bytes_ratio").first(), pl.col("peak_extra_bytes").max(), pl.col("seconds").mean())
+            .sort("bits", "group_size", nulls_last=True))
+qsummary
+
+# %% [markdown]
+# Stored bytes per token equal the formula exactly (the snapshot counts valid tokens only, never
+# mlx-lm's preallocated buffer):
+
+# %%
+assert (qsweep["bytes_per_token"] == qsweep["formula_bytes_per_token"].cast(float)).all()
+print(qsweep.select("kv_format", "bytes_per_token", "formula_bytes_per_token", "bytes_ratio").unique().sort("bytes_ratio"))
+
+# %% [markdown]
+# KL divergence against bytes per token, one curve per group size (log scale: each bit halves
+# the error roughly; a smaller group size spends bytes on scales to buy accuracy):
+
+# %%
+qfig = go.Figure(layout={"title": f"KV quantization on {qm.name}: KL vs bytes per token",
+                         "xaxis_title": "bytes per token (all layers)",
+                         "yaxis_title": "mean KL(float || quantized), nats", "yaxis_type": "log"})
+q = qsummary.filter(pl.col("bits").is_not_null())
+for g in sorted(q["group_size"].unique()):
+    part = q.filter(pl.col("group_size") == g).sort("bits")
+    qfig.add_scatter(x=part["bytes_per_token"], y=part["kl_mean"], mode="lines+markers+text",
+                     text=[f"{b}-bit" for b in part["bits"]], textposition="top center",
+                     name=f"group size {g}")
+qfig
+
+# %% [markdown]
+# ### Reuse under quantization
+#
+# `max_abs_vs_float`: the largest logit difference at the prompt's last position against the float
+# cold run; `max_abs_vs_quantized_cold`: against the quantized cold run, i.e. what reuse adds.
+
+# %%
+reuse = pl.concat([kv.quantized_reuse_error(qm, SAMPLE_TEXTS[1], reuse_prefix, bits=b, group_size=reuse_group_size)
+                   .with_columns(pl.lit(b).alias("bits")) for b in reuse_bits])
+reuse
+
+# %%
+added = reuse.filter(pl.col("case") == "quantized reuse").select("bits", "max_abs_vs_quantized_cold", "kl_vs_quantized_cold")
+quant = reuse.filter(pl.col("case") == "quantized cold").select("bits", "max_abs_vs_float", "kl_vs_float")
+for (b, a_abs, a_kl), (_, q_abs, q_kl) in zip(added.rows(), quant.rows()):
+    print(f"{b}-bit: quantization itself max|Δlogit| {q_abs:.3f} (KL {q_kl:.2e}); "
+          f"reuse adds max|Δlogit| {a_abs:.3f} (KL {a_kl:.2e})")
 
 # %% [markdown]
 # ## 2 · Tiers: RAM in front of disk
@@ -210,6 +287,9 @@ results = pl.concat([
     sweep.with_columns(pl.lit("sweep").alias("section")),
     crossover.with_columns(pl.lit("crossover").alias("section")),
 ], how="diagonal_relaxed").with_columns(pl.lit(m.name).alias("model"))
+results = pl.concat([results, qsweep.with_columns(pl.lit("quant_sweep").alias("section"), pl.lit(qm.name).alias("model")),
+                     reuse.with_columns(pl.lit("quant_reuse").alias("section"), pl.lit(qm.name).alias("model"))],
+                    how="diagonal_relaxed")
 if not disk_path:
     shutil.rmtree(folder, ignore_errors=True)
 kv.runner.save_results(results, results_path)

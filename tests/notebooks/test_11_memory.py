@@ -1,5 +1,7 @@
-"""11_memory under papermill with its CI defaults: hits per tier add up and come from disk, the
-cache survives a restart, the cost model's held-out error, the sweep in seconds, the crossover."""
+"""11_memory under papermill with its CI defaults: quantized KV (stored bytes equal the formula, KL
+falls as bits rise, reuse adds error on top of quantization; on SmolLM2), hits per tier add up and
+come from disk, the cache survives a restart, the cost model's held-out error, the sweep in
+seconds, the crossover."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from kvlab import runner
 
 NOTEBOOK = Path(__file__).resolve().parents[2] / "notebooks" / "11_memory.ipynb"
 LOGIT_TOL = 1e-4  # float32 tiny model: KV restored from disk against a cold prefill
+SMOL_TOL = 2e-3  # float32 reuse vs cold on SmolLM2
 
 
 def test_11_memory_is_clean_paired_and_parameterised():
@@ -23,10 +26,11 @@ def test_11_memory_is_clean_paired_and_parameterised():
     declared = runner.notebook_parameters(NOTEBOOK)
     assert declared["model"].strip("'\"") == "tiny" and declared["results_path"].strip("'\"") == "results.parquet"
     assert NOTEBOOK.with_suffix(".py").is_file()
-    assert any("Reserved for the quantization work" in c.source for c in nb.cells if c.cell_type == "markdown")
+    assert declared["quant_model"].strip("'\"") == "smollm2"  # tiny's head_dim (16) cannot be quantized
 
 
 @pytest.mark.notebook
+@pytest.mark.embedded
 def test_11_memory(tmp_path):
     r = runner.run_notebook(NOTEBOOK, {}, tmp_path / "11_memory", timeout=900)
     assert r.ok and r.html is not None and r.html.is_file()
@@ -76,3 +80,25 @@ def test_11_memory(tmp_path):
     assert cross["prefix_tokens"].to_list() == [256, 1024]
     assert cross["bytes"].to_list() == [256 * 1024, 1024 * 1024]  # tiny: 4 layers x (keys, values) x 2 heads x 16 dims x 4 B
     assert (cross["ram_restore"] < cross["recompute"]).all() and (cross["disk_load"] > 0).all()
+
+    sweep = df.filter(pl.col("section") == "quant_sweep")
+    assert sorted(sweep["kv_format"].to_list()) == ["float32", "q2g32", "q2g64", "q4g32", "q4g64", "q8g32", "q8g64"]
+    assert (sweep["bytes_per_token"] == sweep["formula_bytes_per_token"].cast(float)).all()
+    # SmolLM2: 30 layers x 3 kv heads x (keys + values) x (64*bits/32 words x 4 B + 2 x 64/group x 4 B)
+    for row in sweep.filter(pl.col("bits").is_not_null()).iter_rows(named=True):
+        b, g = row["bits"], row["group_size"]
+        assert row["formula_bytes_per_token"] == 30 * 3 * 2 * (64 * b // 32 * 4 + 2 * (64 // g) * 4)
+    assert sweep.filter(pl.col("kv_format") == "float32")["bytes_per_token"].item() == 30 * 3 * 2 * 64 * 4
+    for g in (32, 64):
+        kl = sweep.filter(pl.col("group_size") == g).sort("bits")["kl_mean"].to_list()
+        assert kl[0] > kl[1] > kl[2] > 0, (g, kl)
+    reuse = df.filter(pl.col("section") == "quant_reuse")
+
+    def value(case, bits, column):
+        return reuse.filter((pl.col("case") == case) & (pl.col("bits") == bits))[column].item()
+
+    for b in (4, 8):
+        assert value("float reuse", b, "max_abs_vs_float") < SMOL_TOL
+        assert value("quantized cold", b, "max_abs_vs_float") > SMOL_TOL
+        assert value("quantized reuse", b, "max_abs_vs_quantized_cold") > SMOL_TOL
+    assert value("quantized reuse", 4, "max_abs_vs_quantized_cold") > value("quantized reuse", 8, "max_abs_vs_quantized_cold")

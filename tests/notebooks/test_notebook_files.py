@@ -10,8 +10,6 @@ from notebook_helpers import NOTEBOOKS, notebook_names, pair_differences
 from kvlab import runner
 
 NAMES = notebook_names()
-# notebooks whose subject the tiny model cannot show default to the embedded model, with the reason
-REAL_MODEL_ONLY = {"11b_quantization": "quantized KV needs head_dim divisible by 32; tiny's is 16"}
 
 
 def test_every_notebook_has_its_pair_and_nothing_generates_them():
@@ -42,9 +40,7 @@ def test_committed_notebooks_are_clean_and_parameterised(name):
     assert declared["results_path"].strip("'\"") == "results.parquet"
     source = "".join(c.source for c in code)
     assert "kv.runner.save_results(" in source, "write the results table with kv.runner.save_results"
-    if name in REAL_MODEL_ONLY:
-        assert declared["model"].strip("'\"") == "smollm2", REAL_MODEL_ONLY[name]
-    elif "kv.load(" in source or "kv.load_vlm(" in source:  # (the trace replay needs no model)
+    if "kv.load(" in source or "kv.load_vlm(" in source:  # (the trace replay needs no model)
         assert declared["model"].strip("'\"") == "tiny"
         assert 'model = "tiny"' in tagged[0].source
         if "kv.load_vlm(" not in source:  # text notebooks name the real model they also run on
