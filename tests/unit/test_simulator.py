@@ -16,7 +16,7 @@ from kvlab.bench.simulator import bench_simulator
 from kvlab.cli import main
 from kvlab.policies import MISS_REASONS
 from kvlab.policies import POLICIES as POLICY_TABLE
-from kvlab.sim_kernels import replay_kernel
+from kvlab.sim.dispatch import replay_kernel
 from kvlab.simulator import prepare_replay, replay_python
 
 
