@@ -54,7 +54,7 @@ _UNBOUNDED = np.int64(1) << 62
 class SimResult:
     """One replay: ``requests`` (polars, one row a request and pass) and ``summary`` (a dict).
 
-    ``summary`` holds both hit rates, named (DESIGN pitfall 10): ``token_hit_ratio`` = hit
+    ``summary`` holds both hit rates, named (pitfall 10 in the README): ``token_hit_ratio`` = hit
     tokens / prompt tokens (vLLM), ``request_hit_ratio`` = requests with any hit / requests,
     and ``miss_reasons`` (missed tokens per reason). ``requests`` has a column per reason
     (they sum to ``prompt_tokens - hit_tokens``) and ``evicted_by``: the row whose insertion

@@ -13,7 +13,7 @@ spans recovered from ChatML markers, so the system-prompt store finds its bounda
 on ids alone get ``from_ids(ids)``, which skips the per-token decode). A lookup may
 reuse at most n - 1 tokens (mlx-lm needs one token to prefill). What is handed to mlx-lm is
 ``kv.restore`` of the (trimmed) snapshot: fresh cache objects over copy-on-write views, never the
-store's own arrays (DESIGN pitfall 3).
+store's own arrays (pitfall 3 in the README).
 
 Example:
     >>> adapter = StoreAdapter(kv.make_store("radix"), kv.load("tiny"), ServerEvents())

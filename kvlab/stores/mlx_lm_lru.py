@@ -3,7 +3,7 @@ protocol, the baseline every comparison should include (seed 002).
 
 Its answers map to Match kinds: an exact entry -> ``exact``; a longer entry trimmed to the shared
 prefix -> ``supersequence`` (it extends the request) or ``lcp``; a shorter entry -> ``prefix``.
-As in mlx-lm, every hit is a ``copy.deepcopy`` of the entry's cache (DESIGN pitfall 7: the peak
+As in mlx-lm, every hit is a ``copy.deepcopy`` of the entry's cache (pitfall 7 in the README: the peak
 memory of a hit is the entry twice), and entries are counted (``max_size``), not sized, unless
 ``max_bytes`` is given.
 

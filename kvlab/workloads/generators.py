@@ -60,7 +60,7 @@ def agentic_loop(turns: int = 4, seed: int = 0, *, system_tokens: int = 800, too
     With ``billing_header`` the system prompt's first line is a per-request
     ``x-anthropic-billing-header: ...; cch=<5 hex>;`` whose ``cch`` is derived from the request
     body's sha256 and the seed, so it changes every request and breaks reuse a few dozen tokens
-    in (DESIGN pitfall 1). ``system_tokens=28_000, tools=13`` reaches the seed's size.
+    in (pitfall 1 in the README). ``system_tokens=28_000, tools=13`` reaches the seed's size.
 
     Example:
         >>> wl = kv.workloads.agentic_loop(turns=2)
@@ -193,7 +193,7 @@ def multimodal_mix(num_requests: int = 4, seed: int = 0, *, image_every: int = 2
 
     With ``same_text`` all image requests ask the same question, so their token ids are
     identical and only the image differs: a cache keyed on ids alone replays the wrong KV
-    (DESIGN pitfall 2). ``image_size=(448, 448)`` is a realistic size.
+    (pitfall 2 in the README). ``image_size=(448, 448)`` is a realistic size.
 
     Example:
         >>> wl = kv.workloads.multimodal_mix(num_requests=4)

@@ -118,7 +118,7 @@ def test_sizes_default_small_and_reach_the_seeds(qwen):
 
 
 def test_billing_header_breaks_reuse_within_the_first_tokens(qwen):
-    # DESIGN pitfall 1: two requests' renderings diverge at about token 33-40
+    # pitfall 1 in the README: two requests' renderings diverge at about token 33-40
     wl = kv.workloads.agentic_loop(turns=2)
     a, b = (qwen.apply_chat_template(list(r.messages), tokenize=False, add_generation_prompt=True)
             for r in wl)
