@@ -22,6 +22,8 @@ from mlx_lm.generate import generate_step
 from . import _blas
 from .errors import KvlabError, NotTrimmableError, RequestError, SnapshotError
 from .keys import CacheKey, cache_key
+from .miss_reasons import MissIndex
+from .policies.reasons import ALL_REASONS
 from .quantized import check_reusable, check_settings, check_start, head_dims_of
 from .request import Request
 from .snapshots import advance, make_cache, non_trimmable_layers, prefill, restore, snapshot, trim
@@ -57,6 +59,10 @@ class Result:
     entry_tokens: int = 0
     checkpoints: int = 0
     prompt_ids: tuple[int, ...] = field(default=(), repr=False)
+    # missed tokens by reason (kvlab.policies.reasons); empty when unknown (a server's results)
+    miss_reasons: dict = field(default_factory=dict, repr=False)
+    diverged_at: int | None = None
+    evicted_by: int | None = None
 
     @property
     def reuse_ratio(self) -> float:
@@ -65,6 +71,8 @@ class Result:
     def row(self) -> dict:
         d = asdict(self)
         d.pop("prompt_ids")
+        reasons = d.pop("miss_reasons")
+        d.update({r: reasons.get(r) for r in ALL_REASONS})  # one column per reason (null: unknown)
         d["output_ids"] = list(self.output_ids)
         d["reuse_ratio"] = self.reuse_ratio
         return d
@@ -80,6 +88,8 @@ class Result:
         drift = (f"<br>re-tokenisation drift at token {self.drift_index}"
                  if self.drift_index is not None else "")
         v = "" if self.verify_diff is None else f" · verify max|Δlogit| {self.verify_diff:.2e}"
+        missed = ", ".join(f"{k} {n}" for k, n in self.miss_reasons.items() if n)
+        why += f"<br>missed: {html.escape(missed)}" if missed else ""
         return (f"<div><b>Request #{self.request_id}</b> <code>{self.match}</code> · reused "
                 f"{self.reused_tokens}/{self.prompt_tokens} tokens · TTFT {self.ttft_s * 1e3:.1f} ms "
                 f"(prefill {self.prefill_s * 1e3:.1f} ms){v}"
@@ -125,6 +135,9 @@ class Engine:
         self.trimmable = not non_trimmable_layers(probe) if probe.layers else True
         # Non-trimmable caches can only be reused exactly where a snapshot was taken.
         self.checkpoints = (not self.trimmable) if checkpoints is None else checkpoints
+        # what the store cached and lost, to say why each missed token missed
+        unit = getattr(store, "block_size", None)
+        self._misses = MissIndex(unit, unstorable=not self.trimmable and unit is not None)
         self.results: list[Result] = []
         self._events: list[dict] = []
         self._ids = itertools.count(1)
@@ -184,7 +197,7 @@ class Engine:
         why = match.why or why
         self._event(rid, "lookup", len(ids), 0, None, match.kind)
         t = time.perf_counter()
-        cache, reused = None, 0
+        cache, reused, refused = None, 0, 0
         if match.snapshot is not None and match.tokens > 0:
             snap = match.snapshot
             self._check_model(snap)
@@ -194,9 +207,15 @@ class Engine:
                 check_reusable(snap, **self._kv)
                 cache, reused = restore(snap), match.tokens
             except NotTrimmableError as e:
-                match, why = MISS, f"could not trim the matched entry: {e}"
+                refused, match, why = match.tokens, MISS, f"could not trim the matched entry: {e}"
         restore_s = time.perf_counter() - t
-        self._event(rid, "hit" if reused else "miss", reused, 0, match.entry_id, match.kind)
+        missed = self._misses.explain(key, reused, untrimmable=not self.trimmable or refused > 0,
+                                      refused=refused)
+        if reused:
+            self._event(rid, "hit", reused, 0, match.entry_id, match.kind)
+        for reason, n in missed.reasons.items():
+            if n:
+                self._event(rid, "miss", n, 0, None, reason)
 
         t = time.perf_counter()
         logits, cache, checkpoints = self._prefill(toks, reused, cache, key)
@@ -209,24 +228,26 @@ class Engine:
         out = self._decode(first, cache, max_tokens)
         decode_s = time.perf_counter() - t
 
-        seq = ids
+        seq, inserted = ids, key
         if self.keying == "prompt+output":
             seq = (ids + tuple(out))[:snapshot(cache).offset]
+            inserted = CacheKey(seq, key.extra_keys, key.salt)
         if self.store is not None:
             # stores refresh (not replace) an entry they already hold for the same tokens
             if self.keying == "prompt":
                 self.store.insert(key, toks, prompt_snap, kind="prompt")
             else:
-                self.store.insert(CacheKey(seq, key.extra_keys, key.salt), toks,
-                                  snapshot(cache, tokens=seq, model=self.model), kind="prompt+output")
+                self.store.insert(inserted, toks, snapshot(cache, tokens=seq, model=self.model),
+                                  kind="prompt+output")
         self._last_cached, self._last_prompt_len, self._last_messages = seq, len(ids), toks.messages
-        evictions = self._drain(rid)
+        evictions = self._drain(rid, inserted)
         verify_diff = self._verify(ids, logits) if self.verify and reused else (0.0 if self.verify else None)
         text = self.model.tokenizer.decode(list(out))
         result = Result(rid, len(ids), reused, len(ids) - reused, match.kind if reused else "miss",
                         ttft, lookup_s, restore_s, prefill_s, decode_s, tuple(out), text,
                         self.store.nbytes if self.store is not None else 0, evictions, verify_diff,
-                        why, drift, match.entry_tokens, checkpoints, ids)
+                        why, drift, match.entry_tokens, checkpoints, ids, missed.reasons,
+                        missed.diverged_at, missed.evicted_by)
         self.results.append(result)
         for listener in self._listeners:
             listener(self, result)
@@ -310,16 +331,19 @@ class Engine:
                              "entry": None if entry is None else str(entry),
                              "t": time.perf_counter() - self._t0, "detail": detail})
 
-    def _drain(self, rid) -> int:
-        """Move the store's events into the frame; the evictions made to free room."""
+    def _drain(self, rid, inserted: CacheKey) -> int:
+        """Move the store's events into the frame (and the miss memory); the evictions made to
+        free room."""
         events: list[StoreEvent] = self.store.drain_events() if self.store is not None else []
         for ev in events:
             self._event(rid, ev.event, ev.tokens, ev.nbytes, ev.entry, ev.detail)
+        self._misses.record(rid, inserted, events, offered=inserted if self.store is not None else None)
         return sum(ev.capacity for ev in events)
 
     @property
     def events(self) -> pl.DataFrame:
-        """One row per state change: lookup, hit, miss, insert, evict, block_stored, block_removed."""
+        """One row per state change: lookup, hit, miss (one row per reason, the reason in
+        ``detail``), insert, evict, block_stored, block_removed."""
         return pl.DataFrame(self._events, schema=EVENT_SCHEMA)
 
     def results_frame(self) -> pl.DataFrame:
@@ -340,6 +364,7 @@ class Engine:
             "bytes": self.store.nbytes if self.store is not None else 0,
             "entries": self.store.entries if self.store is not None else 0,
             "evictions": sum(r.evictions for r in self.results),
+            "miss_reasons": {k: sum(r.miss_reasons.get(k, 0) for r in self.results) for k in ALL_REASONS},
         }
 
     def on_result(self, callback) -> None:
@@ -356,7 +381,8 @@ class Engine:
 
     def _repr_html_(self) -> str:
         s = self.stats()
+        s["miss_reasons"] = ", ".join(f"{k} {n}" for k, n in s["miss_reasons"].items() if n) or "none"
         cells = "".join(f"<tr><td>{k}</td><td>{v:.3f}</td></tr>" if isinstance(v, float)
-                        else f"<tr><td>{k}</td><td>{v}</td></tr>" for k, v in s.items())
+                        else f"<tr><td>{k}</td><td>{html.escape(str(v))}</td></tr>" for k, v in s.items())
         return (f"<div><b>Engine</b> {html.escape(repr(self))}<table>{cells}</table></div>")
 

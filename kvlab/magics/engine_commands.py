@@ -8,7 +8,7 @@ from IPython.core.error import UsageError
 
 from .options import dtype_option, engine_options, last_option, max_tokens_option, normalise_option, size_options
 from .text import parse_chat
-from .views import ChatView, Loaded, RunView
+from .views import ChatView, Loaded, RunView, reasons_text
 
 # workload size options -> the generator parameter each one sets (the first the generator has)
 SIZE_OPTIONS = {"turns": ("turns",), "users": ("num_users",), "prompts": ("num_prompts", "num_requests"),
@@ -78,7 +78,7 @@ def run(state, args, cell, local_ns):
         rows.append({"request": r.request_id, "name": label, "prompt_tokens": r.prompt_tokens,
                      "reused_tokens": r.reused_tokens, "prefilled_tokens": r.prefilled_tokens,
                      "reuse_ratio": round(r.reuse_ratio, 4), "match": r.match,
-                     "ttft_ms": round(r.ttft_s * 1e3, 2)})
+                     "ttft_ms": round(r.ttft_s * 1e3, 2), "missed": reasons_text(r.miss_reasons)})
     return RunView(name, pl.DataFrame(rows), engine.stats(), engine)
 
 

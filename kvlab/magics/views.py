@@ -45,7 +45,7 @@ class Loaded(_View):
 def _table_text(frame, rows: int = 40) -> str:
     import polars as pl
 
-    with pl.Config(tbl_rows=rows, tbl_cols=16, fmt_str_lengths=40, tbl_hide_dataframe_shape=True,
+    with pl.Config(tbl_rows=rows, tbl_cols=16, fmt_str_lengths=64, tbl_hide_dataframe_shape=True,
                    tbl_width_chars=200,
                    tbl_formatting="ASCII_MARKDOWN", tbl_hide_column_data_types=True):
         return str(frame)
@@ -55,6 +55,15 @@ def _stats_line(stats: dict) -> str:
     return (f"{stats['requests']} requests · token hit rate {stats['token_hit_rate']:.1%} "
             f"({stats['reused_tokens']}/{stats['prompt_tokens']} tokens) · request hit rate "
             f"{stats['request_hit_rate']:.1%} · {stats['entries']} entries, {stats['bytes'] / 2**20:.2f} MiB")
+
+
+def reasons_text(reasons: dict | None) -> str:
+    """Missed tokens by reason, the non-zero ones: ``"first_seen 40, partial_block 1"``."""
+    return ", ".join(f"{k} {v}" for k, v in (reasons or {}).items() if v) or "none"
+
+
+def _reasons_line(stats: dict) -> str:
+    return f"missed tokens by reason: {reasons_text(stats.get('miss_reasons'))}"
 
 
 @dataclass(eq=False, repr=False)
@@ -71,19 +80,21 @@ class RunView(_View):
 
     def text(self) -> str:
         return (f"kvlab run {self.workload} on {self.engine!r}\n{_table_text(self.frame)}\n"
-                f"{_stats_line(self.stats)}")
+                f"{_stats_line(self.stats)}\n{_reasons_line(self.stats)}")
 
     def _repr_html_(self) -> str:
         bars = "".join(
             f"<tr><td>{html.escape(str(r['name']))}</td><td>{r['reused_tokens']}/{r['prompt_tokens']}</td>"
             f"<td><div style='width:200px;height:8px;background:#eee'><div style='width:"
             f"{int(200 * r['reuse_ratio'])}px;height:8px;background:#2a7'></div></div></td>"
-            f"<td>{html.escape(r['match'])}</td><td>{r['ttft_ms']:.1f} ms</td></tr>"
+            f"<td>{html.escape(r['match'])}</td><td>{r['ttft_ms']:.1f} ms</td>"
+            f"<td>{html.escape(r.get('missed', ''))}</td></tr>"
             for r in self.frame.iter_rows(named=True))
         return (f"<div><b>kvlab run</b> {html.escape(self.workload)} · "
                 f"<code>{html.escape(repr(self.engine))}</code><table><tr><th>request</th>"
-                f"<th>reused</th><th></th><th>match</th><th>TTFT</th></tr>{bars}</table>"
-                f"<div>{html.escape(_stats_line(self.stats))}</div></div>")
+                f"<th>reused</th><th></th><th>match</th><th>TTFT</th><th>missed (why)</th></tr>{bars}"
+                f"</table><div>{html.escape(_stats_line(self.stats))}</div>"
+                f"<div>{html.escape(_reasons_line(self.stats))}</div></div>")
 
 
 @dataclass(eq=False, repr=False)
@@ -105,10 +116,18 @@ class StatsView(_View):
         return (self.events.group_by("event").agg(pl.len().alias("count"), pl.col("tokens").sum())
                 .sort("event"))
 
+    def _plain(self) -> dict:
+        return {k: v for k, v in self.stats.items() if k != "miss_reasons"}
+
+    def _reasons(self) -> list[tuple[str, int]]:
+        return [(k, v) for k, v in (self.stats.get("miss_reasons") or {}).items() if v]
+
     def text(self) -> str:
         lines = [f"kvlab stats: {self.engine!r}"]
         lines += [f"{k:>18}: {v:.4f}" if isinstance(v, float) else f"{k:>18}: {v}"
-                  for k, v in self.stats.items()]
+                  for k, v in self._plain().items()]
+        lines.append("missed tokens by reason:" + ("" if self._reasons() else " none"))
+        lines += [f"{k:>18}: {v}" for k, v in self._reasons()]
         lines.append("events:")
         lines.append(_table_text(self._counts()))
         return "\n".join(lines)
@@ -116,9 +135,12 @@ class StatsView(_View):
     def _repr_html_(self) -> str:
         rows = "".join(f"<tr><th style='text-align:left'>{k}</th><td>{v:.4f}</td></tr>"
                        if isinstance(v, float) else f"<tr><th style='text-align:left'>{k}</th><td>{v}</td></tr>"
-                       for k, v in self.stats.items())
+                       for k, v in self._plain().items())
+        why = "".join(f"<tr><th style='text-align:left'>{k}</th><td>{v}</td></tr>" for k, v in self._reasons())
         return (f"<div><b>kvlab stats</b> <code>{html.escape(repr(self.engine))}</code>"
-                f"<table>{rows}</table><b>events</b>{self._counts()._repr_html_()}</div>")
+                f"<table>{rows}</table><b>missed tokens by reason</b>"
+                f"<table class='kv-miss-reasons'>{why or '<tr><td>none</td></tr>'}</table>"
+                f"<b>events</b>{self._counts()._repr_html_()}</div>")
 
 
 @dataclass(eq=False, repr=False)

@@ -1,13 +1,15 @@
 """kvlab.viz: plotly figures (data in, Figure out) and the ipywidgets Inspector.
 
 One module per figure family: ``tree`` (prefix_tree), ``memory`` (memory_over_time),
-``prompt_diff`` (divergence), ``blocks`` (block_grid), ``curves`` (hit_ratio_curves); the
-Inspector app in ``inspector`` (with its panels in ``panels``). Needs the notebook extras
+``prompt_diff`` (divergence), ``blocks`` (block_grid), ``curves`` (hit_ratio_curves), ``misses``
+(miss_reasons: why tokens missed, from kv.simulate or an Engine); the Inspector app in
+``inspector`` (with its panels in ``panels``). Needs the notebook extras
 (``pip install "kvlab[notebooks]"``); ``import kvlab`` alone never imports plotly.
 
 Example:
     >>> kv.viz.prefix_tree(engine.store, m.tokenizer)
     >>> kv.viz.memory_over_time(engine.events, budget_bytes=engine.store.budget_bytes)
+    >>> kv.viz.miss_reasons(engine)
     >>> kv.Inspector(engine)
 """
 
@@ -25,13 +27,18 @@ from .prompt_diff import divergence  # noqa: E402
 from .tree import prefix_tree  # noqa: E402
 
 __all__ = ["prefix_tree", "memory_over_time", "divergence", "block_grid", "hit_ratio_curves",
-           "Inspector", "VizError", "MissingExtraError", "require"]
+           "miss_reasons", "Inspector", "VizError", "MissingExtraError", "require"]
 
 
 def __getattr__(name):
-    # ipywidgets is imported only when the widget is asked for
+    # ipywidgets is imported only when the widget is asked for; the reasons' vocabulary
+    # (kvlab.policies) only when their figure is
     if name == "Inspector":
         from .inspector import Inspector
 
         return Inspector
+    if name == "miss_reasons":
+        from .misses import miss_reasons
+
+        return miss_reasons
     raise AttributeError(f"module 'kvlab.viz' has no attribute {name!r}")

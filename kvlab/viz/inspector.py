@@ -1,4 +1,5 @@
-"""Inspector: a live ipywidgets app over an Engine (tree, memory, requests, divergence, blocks, budget).
+"""Inspector: a live ipywidgets app over an Engine (tree, memory, requests, divergence, blocks,
+budget, misses by reason).
 
 It listens with ``engine.on_result`` and reads only public objects and frames: ``engine.results``,
 ``engine.events``, ``engine.stats()``, ``engine.store.tree_frame()``. The budget slider replays the
@@ -29,7 +30,7 @@ from .budget import BudgetReplay
 from .curves import hit_ratio_curves
 from .extras import require
 from .memory import memory_over_time
-from .panels import sync, table_html, table_rows
+from .panels import misses_figure, sync, table_html, table_rows
 from .prompt_diff import divergence
 from .tree import prefix_tree
 
@@ -37,15 +38,17 @@ widgets = require("ipywidgets", "kv.Inspector")
 require("anywidget", "plotly's FigureWidget")
 
 AGAINST = ("closest earlier request", "previous request", "entry it reused")
-TABS = ("tree", "memory", "requests", "divergence", "blocks", "budget")
+TABS = ("tree", "memory", "requests", "divergence", "blocks", "budget", "misses")
 BUDGET_TAB = TABS.index("budget")
 MiB = 2**20
 
 
 class Inspector:
     """Live view of an Engine. Tabs: the store's prefix tree, memory over time, the requests, a
-    selected request's divergence from an earlier one, the block grid, and the hit rate the
-    recorded requests would get under another budget (the slider above the tabs).
+    selected request's divergence from an earlier one, the block grid, the hit rate the
+    recorded requests would get under another budget (the slider above the tabs), and why each
+    request's missed tokens missed (``kv.viz.miss_reasons``; a live server's requests carry no
+    reasons, and the tab says so).
 
     ``block_size``: replay through a PagedStore with blocks of this size (default: the store's
     ``block_size`` if it has one, else through a RadixStore: whole entries). ``budget_mb``: the slider's
@@ -76,7 +79,7 @@ class Inspector:
         W = widgets
         self.width = width
         self.figs = {name: go.FigureWidget() for name in ("tree", "memory", "divergence", "blocks",
-                                                           "budget")}
+                                                           "budget", "misses")}
         self.table = W.HTML(table_html([]))
         self._rows: list[list] = []
         self.header = W.HTML()
@@ -103,6 +106,7 @@ class Inspector:
             W.VBox([W.HBox([self.request, self.against]), self.reuse, self.figs["divergence"]]),
             self.figs["blocks"],
             self.figs["budget"],
+            self.figs["misses"],
         ])
         for i, title in enumerate(TABS):
             self.tabs.set_title(i, title)
@@ -160,6 +164,7 @@ class Inspector:
         self._rows = table_rows(results)
         self.table.value = table_html(self._rows)
         self._show("blocks", block_grid(results, self.block_size or 16))
+        self._show("misses", misses_figure(results))
         self._draw_divergence()
         self._draw_budget()
 
@@ -303,6 +308,7 @@ class Inspector:
                        "budget_bytes": self._budget_bytes()},
             "table_rows": len(self._rows),
             "blocks": (figs["blocks"].layout.meta or {}).get("counts"),
+            "misses": {t.name: [int(v) for v in t.y] for t in figs["misses"].data},
             "selected": self.request.value,
             "against": self._div if hasattr(self, "_div") else None,
             "divergence": {"token_index": div.get("token_index"), "common": div.get("common")},

@@ -4,6 +4,7 @@
 Example:
     >>> kv.viz.miss_reasons(kv.simulate(trace, "lru", 2**20))            # per request
     >>> kv.viz.miss_reasons(kv.sweep(trace, "arc", caps, reasons=True))  # per capacity
+    >>> kv.viz.miss_reasons(engine)                                      # per Engine request
 """
 
 from __future__ import annotations
@@ -28,9 +29,10 @@ def miss_reasons(result_or_frame, *, show_reused: bool = True, share: bool = Fal
     """Missed tokens by reason as stacked bars.
 
     ``result_or_frame``: a ``kv.simulate`` result or its ``requests`` frame (a bar per request),
-    a ``kv.sweep(..., reasons=True)`` frame (a bar per capacity), or ``{label: result}`` (a bar
-    per result, e.g. per capacity or policy). Any frame with reason columns works, the Engine's
-    included. ``show_reused`` adds the reused tokens; ``share`` draws fractions of the prompt
+    a ``kv.Engine`` (or a live ``kv.serve`` Server), its ``results_frame()`` or a list of its
+    Results (a bar per request, labelled by request id), a ``kv.sweep(..., reasons=True)``
+    frame (a bar per capacity), or ``{label: result}`` (a bar per result, e.g. per capacity or
+    policy). ``show_reused`` adds the reused tokens; ``share`` draws fractions of the prompt
     tokens instead of token counts.
 
     Example:
@@ -43,6 +45,9 @@ def miss_reasons(result_or_frame, *, show_reused: bool = True, share: bool = Fal
     if not reasons:
         raise VizError(f"miss_reasons needs reason columns ({', '.join(ALL_REASONS)}); this frame has "
                        f"{frame.columns}. kv.sweep adds them with reasons=True")
+    if frame.height and all(frame[r].null_count() == frame.height for r in reasons):
+        raise VizError("these results carry no miss reasons (a live server's requests are not "
+                       "explained); run the requests through a kv.Engine")
     parts = (["reused"] if show_reused and "hit_tokens" in frame.columns else []) + reasons
     frame = frame.with_columns(pl.col("hit_tokens").alias("reused")) if "reused" in parts else frame
     denom = (frame.select(parts).sum_horizontal() if "prompt_tokens" not in frame.columns
@@ -81,6 +86,9 @@ def _bars(obj):
     if "capacity_tokens" in f.columns and "request" not in f.columns:
         labels = ["unbounded" if c is None else f"{c:,}" for c in f["capacity_tokens"].to_list()]
         return f, labels, "capacity (tokens)", [f"capacity {c}" for c in labels]
+    if "request_id" in f.columns:  # an Engine's (or a server's) requests: labelled by id
+        ids = f["request_id"].to_list()
+        return f, [f"#{i}" for i in ids], "request", [f"request #{i}" for i in ids]
     if "request" in f.columns:
         passes = f["pass"].to_list() if "pass" in f.columns else [None] * f.height
         hover = [f"request {r}" + (f", pass {p}" if p is not None else "")
@@ -91,9 +99,22 @@ def _bars(obj):
 
 def _as_frame(obj) -> pl.DataFrame:
     if isinstance(obj, pl.DataFrame):
-        return obj
+        return _engine_names(obj)
     frame = getattr(obj, "requests", None)
     if isinstance(frame, pl.DataFrame):
         return frame
-    raise VizError(f"miss_reasons takes a kv.simulate result, a frame with reason columns or "
-                   f"{{label: result}}; got {type(obj).__name__}")
+    results = getattr(obj, "results", obj)  # an Engine or a Server: its Results
+    if isinstance(results, (list, tuple)) and all(hasattr(r, "miss_reasons") for r in results):
+        rows = [r.row() for r in results]
+        return _engine_names(pl.DataFrame(rows) if rows else pl.DataFrame(
+            schema={"request_id": pl.Int64, "prompt_tokens": pl.Int64, "reused_tokens": pl.Int64,
+                    **dict.fromkeys(ALL_REASONS, pl.Int64)}))
+    raise VizError(f"miss_reasons takes a kv.simulate result, a kv.Engine, a frame with reason "
+                   f"columns or {{label: result}}; got {type(obj).__name__}")
+
+
+def _engine_names(f: pl.DataFrame) -> pl.DataFrame:
+    """The Engine's ``reused_tokens`` is the simulator's ``hit_tokens``."""
+    if "reused_tokens" in f.columns and "hit_tokens" not in f.columns:
+        return f.with_columns(pl.col("reused_tokens").alias("hit_tokens"))
+    return f

@@ -1,8 +1,10 @@
-"""The Inspector's panels: keeping a FigureWidget in step with a Figure, and the requests table.
+"""The Inspector's panels: keeping a FigureWidget in step with a Figure, the requests table and
+the misses by reason.
 
 Example:
     >>> fw = go.FigureWidget(); sync(fw, kv.viz.prefix_tree(engine.store))
     >>> table_html(table_rows(engine.results))
+    >>> misses_figure(engine.results).layout.meta["totals"]
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ from __future__ import annotations
 import html
 
 import plotly.graph_objects as go
+
+from .misses import miss_reasons
 
 TABLE_COLUMNS = ("#", "match", "reused / prompt", "reuse", "TTFT ms", "prefill ms", "evictions", "why")
 
@@ -54,3 +58,14 @@ def table_html(rows: list[list]) -> str:
     return (f"<div style='max-height:360px;overflow:auto'><b>{len(rows)} requests</b>"
             f"<table class='kv-requests' style='border-collapse:collapse;font-size:12px'>"
             f"<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>")
+
+
+def misses_figure(results) -> go.Figure:
+    """Missed tokens by reason per request (``kv.viz.miss_reasons``), or a note when the results
+    carry no reasons (a live server's requests are not explained)."""
+    results = list(results)
+    if results and not any(r.miss_reasons for r in results):
+        return go.Figure(layout=dict(height=200, meta={"totals": None, "bars": 0},
+                                     title="why tokens missed: not recorded for a live server's requests "
+                                           "(run them through a kv.Engine)"))
+    return miss_reasons(results, title="why prompt tokens were not reused, per request")

@@ -1,6 +1,7 @@
 """The Engine: exact hits still give logits, keyings, drift, verify, events, stats, checkpoints for
 non-trimmable caches, and clear errors. Tiny float32 models: cached vs cold logits within TOL."""
 
+import polars as pl
 import pytest
 
 import kvlab as kv
@@ -46,7 +47,10 @@ def test_no_store_is_the_cold_baseline(tiny, conversation):
     engine = kv.Engine(tiny)
     r = engine.run(conversation[0], max_tokens=2)
     assert (r.reused_tokens, r.match, r.why) == (0, "miss", "no store")
-    assert engine.stats()["bytes"] == 0 and engine.events["event"].to_list() == ["lookup", "miss"]
+    assert engine.stats()["bytes"] == 0 and engine.events["event"].to_list() == ["lookup", "miss", "miss"]
+    # nothing is ever cached: every token is new, the last one recomputed by rule
+    assert engine.events.filter(engine.events["event"] == "miss").select("tokens", "detail").rows() == [
+        (r.prompt_tokens - 1, "first_seen"), (1, "partial_block")]
 
 
 def test_verify_off_records_nothing(tiny, conversation):
@@ -114,10 +118,15 @@ def test_events_and_stats(tiny, conversation):
     results = [engine.run(r, max_tokens=2) for r in conversation]
     ev = engine.events
     assert ev.columns == ["request", "event", "tokens", "bytes", "entry", "t", "detail"]
-    assert ev["event"].to_list() == ["lookup", "miss", "insert",
-                                     "lookup", "hit", "insert", "evict",
-                                     "lookup", "hit", "insert", "evict"]
-    assert ev["request"].to_list() == [1] * 3 + [2] * 4 + [3] * 4
+    # one miss row per reason: the new tokens, and the last token (always recomputed)
+    assert ev["event"].to_list() == ["lookup", "miss", "miss", "insert",
+                                     "lookup", "hit", "miss", "miss", "insert", "evict",
+                                     "lookup", "hit", "miss", "miss", "insert", "evict"]
+    assert ev["request"].to_list() == [1] * 4 + [2] * 6 + [3] * 6
+    misses = ev.filter(ev["event"] == "miss")
+    assert misses["detail"].to_list() == ["first_seen", "partial_block"] * 3
+    assert misses.group_by("request").agg(pl.col("tokens").sum()).sort("request")["tokens"].to_list() == [
+        r.prompt_tokens - r.reused_tokens for r in results]
     assert ev["t"].is_sorted()
     assert ev.filter(ev["event"] == "evict")["detail"].to_list() == ["subsumed", "subsumed"]
     hits = ev.filter(ev["event"] == "hit")["tokens"].to_list()
@@ -277,7 +286,12 @@ def test_untrimmable_match_falls_back_to_a_miss_with_the_why(tiny_hybrid, conver
     cold = kv.Engine(tiny_hybrid, None).run(edited, max_tokens=2)
     assert r.output_ids == cold.output_ids and r.verify_diff == 0.0
     rows = engine.events.filter((engine.events["request"] == 2) & engine.events["event"].is_in(["hit", "miss"]))
-    assert rows.select("event", "tokens", "entry", "detail").rows() == [("miss", 0, None, "miss")]
+    # the tokens the store offered could not be trimmed to fit; this store reports no inserts,
+    # so the rest look new to the engine
+    assert rows.select("event", "tokens", "entry", "detail").rows() == [
+        ("miss", r.prompt_tokens - 1 - offered.tokens, None, "first_seen"), ("miss", 1, None, "partial_block"),
+        ("miss", offered.tokens, None, "not_trimmable")]
+    assert r.miss_reasons["not_trimmable"] == offered.tokens
 
 
 def test_run_all_runs_every_request_in_order(tiny):

@@ -301,3 +301,41 @@ def test_verify_compares_every_hit_with_a_cold_prefill(shell):
     again = magic(shell, "run shared_system_prompt --users 2 --system-tokens 40 --max-tokens 1")
     assert again.engine is engine  # the verifying engine stays the shell's engine
     magic(shell, "load m")
+
+
+# -- why tokens missed ----------------------------------------------------------------------------
+
+def test_run_and_stats_show_why_tokens_missed(shell, tiny):
+    import html as html_lib
+
+    from kvlab.magics.views import reasons_text
+
+    per_token = kv.snapshot(kv.prefill(tiny, [1, 2, 3, 4])[1]).nbytes // 4
+    magic(shell, f"load m --budget-mb {1000 * per_token / 2**20!r}")  # one ~700-token entry
+    first = magic(shell, "run shared_system_prompt --users 2 --system-tokens 40 --max-tokens 1")
+    # the same two users again: user-2's entry evicted user-1's
+    view = magic(shell, "run shared_system_prompt --users 2 --system-tokens 40 --max-tokens 1")
+    engine = view.engine
+    assert engine is first.engine and len(engine.results) == 4
+    r3 = engine.results[2]
+    assert r3.miss_reasons["evicted"] == r3.prompt_tokens - r3.reused_tokens - 1 and r3.evicted_by == 2
+    assert view.frame["missed"].to_list() == [reasons_text(r.miss_reasons) for r in engine.results[2:]]
+    assert view.frame["missed"][0] == f"evicted {r3.miss_reasons['evicted']}, partial_block 1"
+    text, html = fmt(shell, view)
+    totals = engine.stats()["miss_reasons"]
+    line = "missed tokens by reason: " + ", ".join(f"{k} {v}" for k, v in totals.items() if v)
+    assert totals["evicted"] > 0 and totals["diverged"] > 0 and totals["first_seen"] > 0
+    assert line in text and html_lib.escape(line) in html
+    assert view.frame["missed"][0] in text and view.frame["missed"][0] in html
+
+    stats = magic(shell, "stats")
+    text, html = fmt(shell, stats)
+    block = text.split("missed tokens by reason:")[1].split("events:")[0]
+    shown = {k.strip(): int(v) for k, v in (row.split(":") for row in block.strip().splitlines())}
+    assert shown == {k: v for k, v in totals.items() if v}
+    assert sum(shown.values()) == sum(r.prompt_tokens - r.reused_tokens for r in engine.results)
+    assert "miss_reasons" not in text and "class='kv-miss-reasons'" in html
+    for k, v in shown.items():
+        assert f"<th style='text-align:left'>{k}</th><td>{v}</td>" in html
+    magic(shell, "load m")
+    assert "missed tokens by reason: none" in fmt(shell, magic(shell, "stats"))[0]

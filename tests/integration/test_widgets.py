@@ -2,6 +2,8 @@
 through traitlets and through a frontend-style comm message, and the budget replay agrees with a
 real store run at that budget (kvlab.replay runs that store's own code)."""
 
+import dataclasses
+
 import polars as pl
 import pytest
 
@@ -201,3 +203,48 @@ def test_inspector_without_a_store(tiny):
     assert s["requests"] == 1 and s["table_rows"] == 1 and s["error"] is None
     assert s["simulated"] is None and "no entry has been stored" in ins.sim_label.value
     assert "no store" in ins.figs["tree"].layout.title.text
+
+
+def drawn_misses(ins) -> dict:
+    """The misses tab's bars, per trace name, as the browser would draw them."""
+    return {t.name: [int(v) for v in t.y] for t in ins.figs["misses"].data}
+
+
+def test_misses_panel_follows_the_engine(tiny):
+    # room for one entry: request 3 finds request 1's tokens evicted by request 2
+    one = kv.Engine(tiny, kv.RadixStore())
+    one.run(REQUESTS[0], max_tokens=3)
+    budget = int(1.5 * one.events.filter(pl.col("event") == "insert")["bytes"][0])
+    engine = kv.Engine(tiny, kv.RadixStore(budget_bytes=budget))
+    ins = kv.Inspector(engine)
+    assert ins.state()["misses"] == {name: [] for name in ("reused", *kv.policies.ALL_REASONS)}
+    run(engine, REQUESTS[:1])
+    first = drawn_misses(ins)
+    assert first["first_seen"] == [engine.results[0].miss_reasons["first_seen"]] and first["reused"] == [0]
+    run(engine, REQUESTS[1:] + [chat("00000", "What does tests/test_app.py check?")])
+    drawn = drawn_misses(ins)
+    results = engine.results
+    assert drawn["reused"] == [r.reused_tokens for r in results]
+    for reason in kv.policies.ALL_REASONS:
+        assert drawn[reason] == [r.miss_reasons[reason] for r in results], reason
+    # the bars show the eviction, the divergence and the changed header (cch) line
+    assert drawn["evicted"][2] > 0 and results[2].evicted_by == 2
+    assert drawn["diverged"][1] > 0 and drawn["diverged"][3] > 0
+    assert [sum(col[i] for col in drawn.values()) for i in range(4)] == [r.prompt_tokens for r in results]
+    assert list(ins.figs["misses"].data[0].x) == ["#1", "#2", "#3", "#4"]
+    assert ins.figs["misses"].layout.meta["totals"] == {"reused": sum(drawn["reused"]),
+                                                         **engine.stats()["miss_reasons"]}
+    assert ins.tabs.get_title(6) == "misses" and ins.state()["error"] is None
+
+
+def test_misses_panel_says_when_results_carry_no_reasons(tiny):
+    from kvlab.viz.panels import misses_figure
+
+    engine = kv.Engine(tiny, kv.RadixStore())
+    run(engine, REQUESTS[:1])
+    # a live server's Results (kvlab.serving.ledger) carry no reasons: the tab says so
+    bare = [dataclasses.replace(r, miss_reasons={}) for r in engine.results]
+    fig = misses_figure(bare)
+    assert len(fig.data) == 0 and "not recorded for a live server" in fig.layout.title.text
+    assert misses_figure(engine.results).layout.meta["totals"]["first_seen"] == \
+        engine.results[0].miss_reasons["first_seen"]
