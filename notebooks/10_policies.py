@@ -19,9 +19,9 @@
 # Python, with its source; the simulator runs compiled kernels tested equal to those definitions)
 # swept over capacities on Mooncake's public synthetic trace and on a generated workload, beside
 # **belady**, the offline optimum under the same semantics: the ceiling no policy can beat. Then
-# why the missed tokens missed, and three published observations rebuilt: LMCache's scan
-# resistance, Mooncake's multi-round QA reuse and Mooncake's Table 1 (arXiv 2407.00079).
-# Model-free: it runs in seconds.
+# why the missed tokens missed, three published observations rebuilt (LMCache's scan resistance,
+# Mooncake's multi-round QA reuse and Mooncake's Table 1, arXiv 2407.00079), and a radix tree whose
+# nodes share their KV against the other stores' memory. Model-free: it runs in seconds.
 
 # %%
 import kvlab as kv  # first: loads OpenBLAS before MLX (~40x faster float32 matmuls on Linux)
@@ -190,10 +190,70 @@ table1.pivot(on="policy", index="capacity_blocks", values=["token_hit_ratio", "p
 # %% [markdown]
 # ## 6 · The shared-node radix tree's memory against the other stores
 #
-# **To be added** (issue 12, section 3): a radix tree whose nodes own their edge's KV, so sibling
-# prompts store a shared prefix once; its bytes against RadixStore, PagedStore and the
-# unique-token lower bound on `prefix_repetition`. This section is reserved for it; its rows will
-# join the results table with `experiment == "store_memory"`.
+# `SharedRadixStore` (store name `"shared-radix"`) is SGLang's RadixAttention design: each node
+# owns the KV of its edge's tokens, so a prefix shared by many prompts is stored once; a hit
+# concatenates the slices along its path, and eviction takes leaves first under any policy above.
+# RadixStore keeps one snapshot per entry, so sibling prompts each store the shared prefix.
+# `kv.replay` drives every store's own code with synthetic KV (8 bytes a token), so the bytes
+# below are each store's own counter, against the lower bound: every distinct token once.
+
+# %%
+from kvlab.replay import SYNTHETIC_BYTES_PER_TOKEN, replay
+from kvlab.tokens import common_prefix_len
+
+
+def distinct_tokens(prompts) -> int:
+    """Tokens of the trie of all prompts: each distinct prefix once."""
+    ordered = sorted(tuple(p) for p in prompts)
+    return sum(len(b) - common_prefix_len(a, b) for a, b in zip([()] + ordered[:-1], ordered))
+
+
+memory_sources = {
+    "prefix_repetition": [r.ids for r in wl.requests],  # section 3's workload
+    "seed 004": [r.ids for r in kv.workloads.prefix_repetition(prefix_len=512, suffix_len=128, num_prompts=50,
+                                                                num_prefixes=1, seed=0)],
+}
+memory_rows, trees = [], {}
+for source, prompts in memory_sources.items():
+    lower = distinct_tokens(prompts) * SYNTHETIC_BYTES_PER_TOKEN
+    for store in ("radix", "shared-radix", "paged"):
+        r = replay(prompts, store)
+        trees[source, store] = r.store
+        memory_rows.append({"source": source, "store": store, "bytes": r.store.nbytes,
+                            "vs lower bound": round(r.store.nbytes / lower, 3),
+                            "token hit ratio": round(r.token_hit_rate, 4)})
+        record("store_memory", source, store, None, "bytes_vs_lower_bound", r.store.nbytes / lower)
+        record("store_memory", source, store, None, "token_hit_ratio", r.token_hit_rate)
+pl.DataFrame(memory_rows)
+
+# %%
+figure(lambda: kv.viz.prefix_tree(trees["prefix_repetition", "shared-radix"]))
+
+# %% [markdown]
+# With room for everything the two radix trees reuse exactly the same tokens (above). Under a
+# budget they keep different things by design: RadixStore evicts whole entries (a prompt and its
+# copy of the prefix), the shared tree evicts unshared leaves first and keeps a prefix as long as
+# any of its prompts stays. The same workload at budgets below its distinct tokens, LRU:
+
+# %%
+budget_tokens = [1024, 2048, 4096, 8192]
+prompts = memory_sources["prefix_repetition"]
+budget_rows = []
+for cap in budget_tokens:
+    runs = {store: replay(prompts, store, budget_bytes=cap * SYNTHETIC_BYTES_PER_TOKEN,
+                          bytes_per_token=SYNTHETIC_BYTES_PER_TOKEN) for store in ("radix", "shared-radix")}
+    radix_r, shared_r = runs["radix"], runs["shared-radix"]
+    for store, r in runs.items():
+        record("store_memory", "prefix_repetition", store, cap, "token_hit_ratio", r.token_hit_rate)
+        record("store_memory", "prefix_repetition", store, cap, "evictions", sum(r.evictions))
+    more = sum(a > b for a, b in zip(shared_r.reused, radix_r.reused))
+    less = sum(a < b for a, b in zip(shared_r.reused, radix_r.reused))
+    record("store_memory", "prefix_repetition", "shared-radix", cap, "requests_reusing_more", more)
+    record("store_memory", "prefix_repetition", "shared-radix", cap, "requests_reusing_less", less)
+    budget_rows.append({"budget (tokens)": cap, "radix token hit": round(radix_r.token_hit_rate, 4),
+                        "shared-radix token hit": round(shared_r.token_hit_rate, 4),
+                        "requests where shared reuses more": more, "... reuses less": less})
+pl.DataFrame(budget_rows)
 
 # %% [markdown]
 # ## Results

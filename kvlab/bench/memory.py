@@ -32,7 +32,7 @@ def bench_memory(model, prefix_len=512, suffix_len=128, num_prompts=50) -> Table
     from .. import workloads
     from ..engine import Engine
     from ..snapshots import prefill, snapshot
-    from ..stores import MlxLmLRUStore, PagedStore, RadixStore
+    from ..stores import MlxLmLRUStore, PagedStore, RadixStore, SharedRadixStore
 
     wl = workloads.prefix_repetition(prefix_len=prefix_len, suffix_len=suffix_len,
                                      num_prompts=num_prompts, num_prefixes=1, output_len=1,
@@ -41,7 +41,8 @@ def bench_memory(model, prefix_len=512, suffix_len=128, num_prompts=50) -> Table
     per_token = snapshot(prefill(model, list(ids[0][:8]))[1]).nbytes / 8
     distinct = len({tuple(x[:k]) for x in ids for k in range(1, len(x) + 1)})
     lower = distinct * per_token
-    stores = {"radix": lambda: RadixStore(), "paged (block 16)": lambda: PagedStore(block_size=16, num_blocks=8192),
+    stores = {"radix": lambda: RadixStore(), "shared-radix": lambda: SharedRadixStore(),
+              "paged (block 16)": lambda: PagedStore(block_size=16, num_blocks=8192),
               "mlx-lm LRUPromptCache": lambda: MlxLmLRUStore(max_size=num_prompts)}
     Engine(model, None).run(list(ids[0]), max_tokens=1)  # one-time allocations before any baseline
     rows, values = [], {}
@@ -66,8 +67,8 @@ def bench_memory(model, prefix_len=512, suffix_len=128, num_prompts=50) -> Table
                  "MiB counted: the store's own byte counter (what its budget limits). MiB allocator: "
                  "how much MLX's active memory grew while the store held its entries (gc'd, buffer "
                  "cache emptied). Targets: allocator within 10% of the counter for every store; "
-                 "PagedStore within 1.10x of the lower bound. mlx-lm's LRUPromptCache keeps at most "
-                 "max_size entries.",
+                 "PagedStore within 1.10x of the lower bound, SharedRadixStore (nodes own their "
+                 "edge's KV) within 1.05x. mlx-lm's LRUPromptCache keeps at most max_size entries.",
                  values={"stores": values, "lower_bound": lower, "model": model.name})
 
 

@@ -1,18 +1,18 @@
-"""Prefix-cache stores: one protocol (stores.base.Store), four designs and a disk tier, made by name.
+"""Prefix-cache stores: one protocol (stores.base.Store), five designs and a disk tier, made by name.
 
 Example:
     >>> store = kv.stores.make_store("paged", block_size=16)
     >>> kv.stores.STORE_NAMES
-    ('radix', 'paged', 'system', 'mlx-lru', 'disk', 'tiered', 'none')
+    ('radix', 'shared-radix', 'paged', 'system', 'mlx-lru', 'disk', 'tiered', 'none')
 """
 
 from .base import Match, Store, StoreEvent
 from .radix import RadixStore
 
-__all__ = ["Match", "Store", "StoreEvent", "RadixStore", "PagedStore", "SystemPromptStore",
+__all__ = ["Match", "Store", "StoreEvent", "RadixStore", "SharedRadixStore", "PagedStore", "SystemPromptStore",
            "MlxLmLRUStore", "DiskStore", "TieredStore", "hits_by_tier", "STORE_NAMES", "make_store"]
 
-STORE_NAMES = ("radix", "paged", "system", "mlx-lru", "disk", "tiered", "none")
+STORE_NAMES = ("radix", "shared-radix", "paged", "system", "mlx-lru", "disk", "tiered", "none")
 
 
 def make_store(name: str, *, budget_bytes: int | None = None, block_size: int = 16,
@@ -52,6 +52,10 @@ def make_store(name: str, *, budget_bytes: int | None = None, block_size: int = 
                            write_through=write_through)
     if name == "radix":
         return RadixStore(budget_bytes)
+    if name == "shared-radix":
+        from .shared_radix import SharedRadixStore
+
+        return SharedRadixStore(budget_bytes)
     if name == "paged":
         from .paged import PagedStore
 
@@ -68,6 +72,10 @@ def make_store(name: str, *, budget_bytes: int | None = None, block_size: int = 
 
 
 def __getattr__(name):
+    if name == "SharedRadixStore":
+        from .shared_radix import SharedRadixStore
+
+        return SharedRadixStore
     if name == "PagedStore":
         from .paged import PagedStore
 

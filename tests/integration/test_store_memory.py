@@ -1,13 +1,14 @@
 """A store's byte counter is the memory it keeps alive, and its budget bounds that memory.
 
-Real prefill caches on the tiny model go through ``Engine.run`` into each of the four stores; the
+Real prefill caches on the tiny model go through ``Engine.run`` into each of the five stores; the
 allocator's active memory (``mx.get_active_memory()`` after ``gc`` and ``mx.clear_cache()``) must
 grow by ``store.nbytes`` within 10%, for short conversations and for 1-3k-token prompts, and drop
 back when the store is deleted. Shapes are warmed up first (a cold-store run of every prompt), so
 the delta is the store's alone.
 
 Mutant caught: no compaction (an entry that keeps the snapshot's views holds mlx-lm's whole
-256-token buffer: 8.7x its counter on short prompts); ``test_missing_compaction_is_seen`` keeps it.
+256-token buffer: 8.7x its counter on short prompts); ``test_missing_compaction_is_seen`` keeps it,
+and ``test_shared_radix_slices_without_copies_are_seen`` for SharedRadixStore's edge slices.
 """
 
 import gc
@@ -22,7 +23,7 @@ from kvlab.stores import make_store
 pytestmark = pytest.mark.model
 
 TOL = 0.10  # allocator delta / store.nbytes - 1
-STORES = ("radix", "paged", "system", "mlx-lru")
+STORES = ("radix", "shared-radix", "paged", "system", "mlx-lru")
 
 
 def short_conversations(n=20):
@@ -80,7 +81,7 @@ def test_counter_is_the_memory_held(tiny, name, size):
     assert after == 0, f"{name}: {after} B still held after the store was deleted"
 
 
-@pytest.mark.parametrize("name", ["radix", "paged", "mlx-lru"])
+@pytest.mark.parametrize("name", ["radix", "shared-radix", "paged", "mlx-lru"])
 def test_budget_bounds_the_memory_held(tiny, name):
     prompts = short_conversations()
     full, _, _, _ = measure(tiny, name, prompts)
@@ -110,6 +111,25 @@ def test_missing_compaction_is_seen(tiny, name, module, monkeypatch):
     monkeypatch.setattr(importlib.import_module(module), "compact", lambda snap: snap)
     nbytes, held, after, _ = measure(tiny, name, short_conversations())
     assert held > 2 * nbytes, f"{name} without compaction: counter {nbytes} B, allocator {held} B"
+    assert after == 0
+
+
+def test_shared_radix_slices_without_copies_are_seen(tiny, monkeypatch):
+    """The mutant: SharedRadixStore keeps each edge as views of the request's cache (no copy), so
+    every node holds mlx-lm's whole 256-token buffer alive."""
+    from kvlab.stores import shared_radix
+
+    def view_cut(snap, start, end):
+        n = end - start
+        layers = tuple(kv.snapshots.LayerState(layer.kind, (layer.state[0][..., start:end, :],
+                                                             layer.state[1][..., start:end, :], n), n,
+                                               layer.state[0][..., start:end, :].nbytes * 2)
+                       for layer in snap.layers)
+        return kv.Snapshot(layers, n, None, snap.fingerprint)
+
+    monkeypatch.setattr(shared_radix, "cut", view_cut)
+    nbytes, held, after, _ = measure(tiny, "shared-radix", short_conversations())
+    assert held > 2 * nbytes, f"shared-radix without copies: counter {nbytes} B, allocator {held} B"
     assert after == 0
 
 

@@ -1,0 +1,253 @@
+"""SharedRadixStore: a radix tree whose nodes own their edge's KV (SGLang's RadixAttention).
+
+RadixStore keeps one snapshot per entry, so sibling prompts each store their shared prefix. Here
+every node holds an exact-size copy of the KV of its edge tokens only (``kvlab.stores.edge_kv``),
+so a prefix shared by many prompts is stored once. A hit concatenates the slices along the matched
+path into one snapshot of exactly the reused tokens; an insert stores only the tokens the tree
+lacks; an insert that parts ways inside an edge splits that node, and its KV (two copies; logged
+as an ``evict`` of the old node with reason ``split``, ``capacity=False``, and two ``insert``\\ s).
+
+Eviction is leaf-first: only a node with no children that no request in flight holds (the path
+of the insert running: its nodes are locked) can go, chosen by ``policy`` (any online name in
+``kvlab.policies.POLICIES``, default ``"lru"``) among those. Each node is one policy unit of its
+bytes (capacity: ``budget_bytes``), depth = its first token's position, parent = its parent
+node; an insert accesses every node on its path, tail first, as PagedStore does with its blocks.
+The policy interface has no resize, so a split re-registers both halves (the untouched half
+loses its history and counts as used now). Room is made before new KV is copied in, so the
+bytes held never exceed the budget.
+
+Reuse: ``min(shared tokens, limit)`` whatever was inserted, exactly what RadixStore gives a
+trimmable model (its trimmed ``lcp``/``supersequence`` hits), with the same match kinds
+(``exact``, ``supersequence``, ``prefix`` where an insert ended, else ``lcp``); no trim is needed.
+Under a budget the two keep different things: RadixStore drops whole entries, this store the
+deepest unshared tokens first.
+
+Only attention KV (``KVCache``, ``QuantizedKVCache``) can be cut per token. Hybrid models
+(SSM/conv ``ArraysCache`` layers) and rotating windows are refused like PagedStore refuses
+them: nothing is stored and lookups miss with a ``why`` pointing to RadixStore. Extra keys and
+the salt enter through ``CacheKey.symbols()``, as in RadixStore. One model and one KV format
+per store.
+
+Example:
+    >>> store = kv.stores.SharedRadixStore(budget_bytes=256 << 20, policy="lru")
+    >>> engine = kv.Engine(m, store)
+    >>> store.tree_frame()
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import polars as pl
+
+from ..errors import SnapshotError
+from ..keys import CacheKey
+from ..policies import KIND_PRIORITY, Unit, store_policy
+from ..snapshots import Snapshot
+from ..tokens import Tokens, common_prefix_len
+from .base import EventLog, Match, StoreBase, check_budget, default_budget, too_big
+from .edge_kv import cut, join, nbytes_of, why_unsliceable
+from .shared_node import Node, edge_ids, frame_of, html_of
+
+SPLIT = "split"  # the reason logged when a node is replaced by its two halves
+
+
+class SharedRadixStore(StoreBase):
+    """Radix tree of shared KV slices (see module docstring). ``budget_bytes`` defaults to 25% of
+    RAM; ``policy`` (a name or a ``kvlab.policies.Policy``) and ``policy_params`` choose which
+    leaf goes; ``on_evict(node_id: str, snapshot)`` receives the KV of the whole path down to a
+    node before it is evicted for room (a tier below could keep it)."""
+
+    name = "shared-radix"
+
+    def __init__(self, budget_bytes: int | None = None, *, policy="lru", policy_params: dict | None = None,
+                 on_evict=None):
+        self.budget_bytes = check_budget(budget_bytes if budget_bytes is not None else default_budget())
+        self.policy = store_policy(policy, self.budget_bytes, policy_params, store=self.name)
+        self.on_evict = on_evict
+        self._ids = itertools.count(1)
+        self._clock = itertools.count(1)
+        self.root = Node(0, (), None, 0, None, "root")
+        self._nodes: dict[int, Node] = {}
+        self._bytes = 0
+        self._fingerprint: str | None = None
+        self._unsliceable = ""  # why the last snapshot offered could not be cut per token
+        self.evictions = 0
+        self.log = EventLog()
+
+    # -- protocol ---------------------------------------------------------------------------------
+    @property
+    def nbytes(self) -> int:
+        return self._bytes
+
+    @property
+    def entries(self) -> int:
+        """Nodes holding KV (the root holds none)."""
+        return len(self._nodes)
+
+    def lookup(self, key: CacheKey, tokens: Tokens, *, limit: int) -> Match:
+        if self._unsliceable:
+            return Match("miss", why=self._unsliceable)
+        sym = key.symbols()
+        path, shared = self._walk(sym)
+        reuse = min(shared, limit)
+        if reuse <= 0:
+            return Match("miss", why="" if self._nodes else "nothing cached yet")
+        used = [n for n in path if n.start < reuse]
+        last = used[-1]
+        if shared == len(sym):
+            kind = "exact" if len(sym) in path[-1].ends else "supersequence"
+        else:
+            kind = "prefix" if reuse in last.ends else "lcp"
+        tick = next(self._clock)
+        for n in used:
+            n.hits, n.last_used = n.hits + 1, tick
+        snap = join([(n.kv, min(n.depth, reuse) - n.start) for n in used], key.ids[:reuse], self._fingerprint)
+        return Match(kind, reuse, snap, last.depth, last.id)
+
+    def insert(self, key: CacheKey, tokens: Tokens, snap: Snapshot, *, kind: str = "prompt") -> None:
+        why = why_unsliceable(snap)
+        if why:
+            self._unsliceable = why
+            return
+        sym = key.symbols()[: snap.offset]
+        n = len(sym)
+        if n == 0:
+            return
+        self._check_model(snap)
+        path, depth = self._walk(sym)
+        # bytes the whole path holds once inserted: what it shares, and the rest from snap
+        held = sum(x.nbytes if x.depth <= depth else nbytes_of(x.kv, 0, depth - x.start) for x in path)
+        new = nbytes_of(snap, depth, n)
+        if held + new > self.budget_bytes:
+            raise too_big(self.name, held + new, self.budget_bytes)
+        if path and path[-1].depth > depth and depth < n:
+            path[-1] = self._split(path[-1], depth - path[-1].start)  # parts ways inside the edge
+        locked = list(path)
+        for x in locked:
+            x.lock += 1
+        try:
+            if depth < n:
+                self._make_room(new)
+                parent = path[-1] if path else self.root
+                leaf = Node(next(self._ids), sym[depth:], parent, n, cut(snap, depth, n), kind)
+                parent.children[sym[depth]] = leaf
+                self._add(leaf)
+                path.append(leaf)
+        finally:
+            for x in locked:
+                x.lock -= 1
+        # a trimmable path serves every prefix of itself: earlier ends on it are no longer "entries"
+        for x in path:
+            x.ends = {e for e in x.ends if e >= n}
+        path[-1].ends.add(n)
+        tick = next(self._clock)
+        for x in reversed(path):  # tail first, as PagedStore frees a request's blocks
+            x.last_used = tick
+            self.policy.access(self._unit(x, kind))
+
+    # -- internals --------------------------------------------------------------------------------
+    def _walk(self, sym: tuple) -> tuple[list[Node], int]:
+        """The nodes ``sym`` runs through from the root (the last one perhaps only partly) and how
+        many of its tokens the tree holds."""
+        node, depth, path = self.root, 0, []
+        while depth < len(sym):
+            child = node.children.get(sym[depth])
+            if child is None:
+                break
+            m = common_prefix_len(child.edge, sym[depth: depth + len(child.edge)])
+            path.append(child)
+            depth += m
+            if m < len(child.edge):
+                break
+            node = child
+        return path, depth
+
+    def _unit(self, node: Node, kind: str) -> Unit:
+        parent = None if node.parent is self.root else node.parent.id
+        return Unit(node.id, node.nbytes, node.start, node.tokens, parent, KIND_PRIORITY.get(kind, 0))
+
+    def _add(self, node: Node) -> None:
+        self._nodes[node.id] = node
+        self._bytes += node.nbytes
+        self.log.add("insert", tokens=node.tokens, nbytes=node.nbytes, entry=node.id, kind=node.kind)
+
+    def _split(self, node: Node, m: int) -> Node:
+        """Replace ``node`` by a head of its first ``m`` tokens and a tail of the rest (each with
+        its own copy of its KV); returns the head."""
+        parent, start = node.parent, node.start
+        head = Node(next(self._ids), node.edge[:m], parent, start + m, cut(node.kv, 0, m), node.kind)
+        tail = Node(next(self._ids), node.edge[m:], head, node.depth, cut(node.kv, m, node.tokens), node.kind,
+                    children=node.children)
+        for x in (head, tail):
+            x.hits, x.last_used, x.lock = node.hits, node.last_used, node.lock
+        head.ends = {e for e in node.ends if e <= start + m}
+        tail.ends = node.ends - head.ends
+        for child in tail.children.values():
+            child.parent = tail
+        head.children = {tail.edge[0]: tail}
+        parent.children[head.edge[0]] = head
+        del self._nodes[node.id]
+        self._bytes -= node.nbytes
+        self.policy.remove(node.id)
+        self.log.add("evict", tokens=node.tokens, nbytes=node.nbytes, entry=node.id, reason=SPLIT)
+        for x in (head, tail):
+            self._add(x)
+            self.policy.access(self._unit(x, x.kind))
+        return head
+
+    def _evictable(self, key) -> bool:
+        node = self._nodes[key]
+        return not node.children and node.lock == 0
+
+    def _make_room(self, incoming: int) -> None:
+        while self._bytes + incoming > self.budget_bytes:
+            self._evict(self._nodes[self.policy.victim(self._evictable)])
+
+    def _evict(self, node: Node) -> None:
+        if self.on_evict is not None:
+            self.on_evict(str(node.id), self._path_snapshot(node))  # hand it over first
+        del node.parent.children[node.edge[0]]
+        del self._nodes[node.id]
+        self.policy.remove(node.id)  # a no-op after the policy chose it as victim
+        self._bytes -= node.nbytes
+        self.evictions += 1
+        self.log.add("evict", tokens=node.tokens, nbytes=node.nbytes, entry=node.id,
+                     reason=self.policy.name, capacity=True)
+
+    def _path_snapshot(self, node: Node) -> Snapshot:
+        path = []
+        while node is not self.root:
+            path.append(node)
+            node = node.parent
+        path.reverse()
+        ids = [t for x in path for t in edge_ids(x.edge)]
+        return join([(x.kv, x.tokens) for x in path], ids, self._fingerprint)
+
+    def _check_model(self, snap: Snapshot) -> None:
+        if snap.fingerprint is None:
+            return
+        if self._fingerprint is None or not self._nodes:
+            self._fingerprint = snap.fingerprint
+        elif snap.fingerprint != self._fingerprint:
+            raise SnapshotError(f"this SharedRadixStore holds KV of model {self._fingerprint[:12]}, not "
+                                f"of model {snap.fingerprint[:12]}: its keys do not include the model, "
+                                "so use one store per model")
+
+    # -- looking ----------------------------------------------------------------------------------
+    def contains(self, key: CacheKey) -> bool:
+        """True when the tree holds the KV of every token of ``key``."""
+        sym = key.symbols()
+        return self._walk(sym)[1] == len(sym)
+
+    def tree_frame(self) -> pl.DataFrame:
+        """One row per node, RadixStore.tree_frame's columns: id, parent, start, depth, tokens,
+        edge_ids, entry (the node itself: every node holds KV), entry_kind, hits, last_used, bytes."""
+        return frame_of(self.root)
+
+    def __repr__(self) -> str:
+        return (f"SharedRadixStore({self.entries} nodes, {self._bytes / 2**20:.1f} of "
+                f"{self.budget_bytes / 2**20:.0f} MiB, {self.evictions} evictions)")
+
+    def _repr_html_(self) -> str:
+        return html_of(self, self._unsliceable)
