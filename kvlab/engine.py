@@ -137,7 +137,7 @@ class Engine:
         self.checkpoints = (not self.trimmable) if checkpoints is None else checkpoints
         # what the store cached and lost, to say why each missed token missed
         unit = getattr(store, "block_size", None)
-        self._misses = MissIndex(unit, unstorable=not self.trimmable and unit is not None)
+        self._misses = MissIndex(unit, unstorable=not self.trimmable and getattr(store, "slices_kv", False))
         self.results: list[Result] = []
         self._events: list[dict] = []
         self._ids = itertools.count(1)

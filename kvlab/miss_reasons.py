@@ -86,8 +86,9 @@ class MissIndex:
     """The Engine's memory of what its store cached and lost (see module docstring).
 
     ``block_size``: a paged store's (its events name blocks by chained hash, and it reuses whole
-    blocks); None for stores of whole entries (reuse at any token). ``unstorable``: the store can hold none of this engine's caches (a paged store and a model
-    whose cache cannot be cut into blocks); then what was offered before and missed again is
+    blocks); None for stores of whole entries (reuse at any token). ``unstorable``: the store can
+    hold none of this engine's caches (a store that slices KV per block or token, and a model
+    whose cache cannot be cut); then what was offered before and missed again is
     ``not_trimmable``.
     """
 

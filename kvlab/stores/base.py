@@ -122,6 +122,9 @@ class StoreBase:
     """Plumbing every store shares: the event log the Engine drains after each request."""
 
     log: EventLog
+    # True for stores that cut KV per token or block: they can hold none of a cache with
+    # non-trimmable (SSM/conv) layers
+    slices_kv: bool = False
 
     def drain_events(self) -> list[StoreEvent]:
         return self.log.drain()

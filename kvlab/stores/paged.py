@@ -78,6 +78,7 @@ class PagedStore(StoreBase):
     """
 
     name = "paged"
+    slices_kv = True
 
     def __init__(self, block_size: int = 16, num_blocks: int | None = None, *,
                  budget_bytes: int | None = None, policy="lru", policy_params: dict | None = None,

@@ -59,6 +59,7 @@ class SharedRadixStore(StoreBase):
     node before it is evicted for room (a tier below could keep it)."""
 
     name = "shared-radix"
+    slices_kv = True
 
     def __init__(self, budget_bytes: int | None = None, *, policy="lru", policy_params: dict | None = None,
                  on_evict=None):

@@ -59,6 +59,7 @@ class TieredStore(StoreBase):
         if not isinstance(disk, DiskStore):
             raise KvlabError(f"TieredStore's second tier must be a kv.DiskStore, not {type(disk).__name__}")
         self.block_size = getattr(ram, "block_size", None)
+        self.slices_kv = getattr(ram, "slices_kv", False)
         if disk.block_size != self.block_size:
             want = "None (whole entries)" if self.block_size is None else self.block_size
             raise BlockSizeError(f"a {ram.name} RAM store needs a DiskStore with block_size={want}, "

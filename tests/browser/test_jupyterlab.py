@@ -5,7 +5,8 @@ and labextensions stay visible), writes a notebook that runs the tiny model thro
 with an Inspector, runs all cells, and checks what the app shows for that known conversation: the
 icicle's node count and token sum, the header's hit rates, the requests table's rows and match
 kinds; then picks request 2 in the Inspector's dropdown and moves the budget slider, and checks
-that the plotly figure and the replay label changed. Any page error or console error fails the
+that the plotly figure and the replay label changed. As a user does, the Inspector is shown first
+and the requests run once it has rendered. Any page error or console error fails the
 test. Screenshot: test-artifacts/inspector.png (git-ignored).
 """
 
@@ -177,6 +178,18 @@ def lab(tmp_path):
                 pass
 
 
+RENDERED_JS = """() => Array.from(document.querySelectorAll('.kvlab-inspector .js-plotly-plot'))
+    .some(d => d.data && d.layout)"""
+
+
+def run_menu(page, item: str) -> None:
+    """Click Run > ``item`` in JupyterLab's menu bar (the item's label exactly)."""
+    import re
+
+    page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
+    page.locator(".lm-Menu-itemLabel", has_text=re.compile(f"^{re.escape(item)}$")).first.click()
+
+
 def _plots(page, kind: str):
     return [p for p in page.evaluate(PLOTS_JS) if p["type"] == kind]
 
@@ -204,9 +217,10 @@ def test_inspector_renders_and_reacts_in_jupyterlab(lab, qwen_tokenizer):
             page.wait_for_function(IDLE_JS, timeout=60_000)
             page.wait_for_timeout(1500)
             page.wait_for_function(IDLE_JS, timeout=60_000)
+            # as a user does: show the Inspector, then send it traffic (the last cell)
+            page.locator(".jp-Notebook .jp-Cell").nth(len(CELLS) - 1).click()
             for attempt in range(3):
-                page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
-                page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
+                run_menu(page, "Run All Above Selected Cell")
                 # a kernel swapped in while the notebook opened drops the queue: run again if
                 # the first cell neither runs nor ran (running the cells twice is never needed)
                 try:
@@ -219,6 +233,9 @@ def test_inspector_renders_and_reacts_in_jupyterlab(lab, qwen_tokenizer):
             app = page.locator(".kvlab-inspector")
             try:
                 app.first.wait_for(timeout=60_000)
+                page.wait_for_function(RENDERED_JS, timeout=90_000)
+                page.wait_for_function(IDLE_JS, timeout=60_000)
+                run_menu(page, "Run Selected Cell")
                 app.locator(".widget-html-content", has_text="3 requests").first.wait_for(timeout=90_000)
                 page.wait_for_function(
                     "() => Array.from(document.querySelectorAll('.kvlab-inspector .js-plotly-plot'))"

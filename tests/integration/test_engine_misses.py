@@ -70,7 +70,7 @@ def entry_bytes(model, request) -> int:
     return int(e.events.filter(pl.col("event") == "insert")["bytes"].max())
 
 
-STORES = ["radix", "paged", "system", "mlx-lru", "disk", "tiered", "tiered-paged"]
+STORES = ["radix", "shared-radix", "paged", "system", "mlx-lru", "disk", "tiered", "tiered-paged"]
 
 
 def make(name, budget, tmp_path, model):
@@ -96,10 +96,10 @@ def test_reasons_sum_to_the_missed_tokens_in_every_store(store, model_name, tiny
     check_accounting(engine)
     totals = engine.stats()["miss_reasons"]
     assert totals["first_seen"] > 0 and totals["partial_block"] >= len(requests)
-    if store == "paged" and model_name == "tiny-hybrid":
-        # a paged store holds none of a hybrid cache: what it was offered before is not_trimmable
+    if store in ("paged", "shared-radix") and model_name == "tiny-hybrid":
+        # paged and shared-node stores hold none of a hybrid cache: what they were offered is not_trimmable
         assert totals["not_trimmable"] > 0 and sum(r.reused_tokens for r in engine.results) == 0
-    if store in ("radix", "paged", "mlx-lru") and model_name == "tiny":
+    if store in ("radix", "shared-radix", "paged", "mlx-lru") and model_name == "tiny":
         # the salted repeat finds the same ids under another namespace
         assert engine.results[4].miss_reasons["salt_or_extra_keys"] > 0
         assert totals["evicted"] > 0
