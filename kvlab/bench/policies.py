@@ -106,7 +106,8 @@ def bench_policies_table(repeats: int, **kw) -> Table:
                  f"{caps[0]:,}-{caps[-1]:,} blocks, log-spaced. Targets: every policy's compiled sweep "
                  ">= 20x its plain-Python replays with identical hits; belady over 16 capacities < 10 s. "
                  "lru's compiled sweep is one stack-distance pass; the others replay each capacity, "
-                 "capacities in parallel threads. kv.sweep adds preparing the trace and belady's ceiling.")
+                 "capacities in parallel threads. kv.sweep adds preparing the trace and belady's ceiling.",
+                 values=r)
 
 
 def table(s: Settings) -> Table:

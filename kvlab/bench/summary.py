@@ -20,7 +20,7 @@ from ..errors import KvlabError
 from .table import Table
 
 START, END = "<!-- bench-summary:start -->", "<!-- bench-summary:end -->"
-KVLAB_STORES = ("radix", "paged")  # the TTFT rows that are kvlab's own stores
+KVLAB_STORES = ("radix", "shared-radix", "paged")  # the TTFT rows that are kvlab's own stores
 LRU = "mlx-lm LRUPromptCache"
 
 
@@ -82,6 +82,11 @@ def _paged_memory(v: dict) -> tuple[bool, str]:
     return ratio <= 1.10, f"paged {ratio:.2f}x ({paged['counter'] / 2**20:.0f} MiB); {others}"
 
 
+def _shared_radix_memory(v: dict) -> tuple[bool, str]:
+    ratio = v["stores"]["shared-radix"]["counter"] / v["lower_bound"]
+    return ratio <= 1.05, f"shared-radix {ratio:.3f}x ({v['stores']['shared-radix']['counter'] / 2**20:.0f} MiB)"
+
+
 def _counter_is_memory(v: dict) -> tuple[bool, str]:
     ratios = {name: x["allocator"] / max(x["counter"], 1) for name, x in v["stores"].items()}
     return (all(abs(r - 1) <= 0.10 for r in ratios.values()),
@@ -100,18 +105,65 @@ def _simulator(v: dict) -> tuple[bool, str]:
             f"{len(v['capacities_tokens'])} capacities, results {'identical' if v['identical'] else 'DIFFERENT'}")
 
 
+def _policies(v: dict) -> tuple[bool, str]:
+    per = v["policies"]
+    online = {name: x for name, x in per.items() if name != "belady"}
+    slowest = min(online, key=lambda name: online[name]["speedup"]["median"])
+    ok = all(x["speedup"]["median"] >= 20 and x["identical"] for x in per.values())
+    return ok, (f"{len(online)} online policies: speed-ups {slowest} {online[slowest]['speedup']['median']:.0f}x "
+                f"(the lowest) to {max(x['speedup']['median'] for x in online.values()):.0f}x, "
+                f"{'all identical' if all(x['identical'] for x in per.values()) else 'results DIFFER'}"
+                + (f"; belady {per['belady']['speedup']['median']:.0f}x" if "belady" in per else ""))
+
+
+def _belady(v: dict) -> tuple[bool, str]:
+    b = v["policies"].get("belady")
+    if b is None:
+        return False, "belady not run"
+    s = b["compiled_seconds"]
+    return (s["median"] < 10, f"{s['median']:.2f} s ({s['min']:.2f}-{s['max']:.2f}) over "
+                              f"{len(v['capacities_blocks'])} capacities, {v['requests']:,} requests")
+
+
+def _adapter(v: dict) -> tuple[bool, str]:
+    from .serving import ADAPTER, adapter_overhead
+
+    runs, plain = v["runs"], v["plain"]
+    if ADAPTER not in runs or plain not in runs:
+        return False, f"needs both {ADAPTER!r} and {plain!r} rows"
+    parts, met = [], True
+    for c in sorted(set(runs[ADAPTER]) & set(runs[plain])):
+        ok, text = adapter_overhead(runs[ADAPTER][c], runs[plain][c])
+        met &= ok
+        parts.append(f"concurrency {c}: {text}")
+    return met, "; ".join(parts)
+
+
+def _cost_model(v: dict) -> tuple[bool, str]:
+    load = ", ".join(f"{n} tokens {r:.2f}x" for n, r in v["disk_load_vs_recompute"].items())
+    return (v["mape_holdout"] <= 0.15,
+            f"held-out MAPE {v['mape_holdout']:.1%} (fit {v['mape_fit']:.1%}); disk load / recompute: {load}")
+
+
 TARGETS = (
     Target("OpenBLAS path on Linux CPU: >= 10x the bundled reference BLAS on float32 matmul and on "
            "prefill", "blas", _blas),
-    Target("cached TTFT (radix, paged) within 1.10x of the physical limit and no slower than "
+    Target("cached TTFT (radix, shared-radix, paged) within 1.10x of the physical limit and no slower than "
            "LRUPromptCache (median <= its median + pstdev)", "ttft", _ttft),
     Target("snapshot + restore flat in cached length (slowest median <= 3x the fastest)", "snapshot", _snapshot),
     Target("PagedStore memory within 1.10x of the lower bound", "memory", _paged_memory),
+    Target("SharedRadixStore memory within 1.05x of the lower bound", "memory", _shared_radix_memory),
     Target("every store's byte counter within 10% of the memory the allocator shows it holding",
            "memory", _counter_is_memory),
     Target("xxh3_128 block hashing >= 20M tokens/s", "hashing", _hashing),
     Target("16-capacity LRU sweep over 12k requests >= 10x faster than 16 plain-Python replays, "
            "identical results", "simulator", _simulator),
+    Target("every eviction policy's compiled 16-capacity sweep over the 12k-request Mooncake trace >= 20x "
+           "its plain-Python replays, identical results", "policies", _policies),
+    Target("belady (the offline optimum) over 16 capacities of that trace < 10 s", "policies", _belady),
+    Target("kvlab serve's adapter overhead: `kvlab serve mlx-lru` within 5% of plain mlx_lm.server's "
+           "throughput, TTFT p50 no higher (<= its median + pstdev) at equal hit rate", "serving", _adapter),
+    Target("prefill cost model's error on held-out points <= 15% (MAPE)", "tiers", _cost_model),
 )
 
 
@@ -124,7 +176,7 @@ def summary_table(tables) -> Table:
     measured" when its section was not run), all computed from the tables' values.
 
     Example:
-        >>> [row[0] for row in summary_table([]).rows][-1].startswith("16-capacity LRU sweep")
+        >>> [row[0] for row in summary_table([]).rows][-1].startswith("prefill cost model")
         True
     """
     sections = _by_section(tables)

@@ -27,7 +27,7 @@ def bench_tiers(model, repeats: int, lengths=LENGTHS, *, fit_cached=FIT_CACHED, 
     from ..cost import fit, measure_tiers
 
     times = measure_tiers(model, lengths, repeats=max(repeats, 3))
-    rows = []
+    rows, ratios = [], {}
     for n in lengths:
         f = times.filter(pl.col("prefix_tokens") == n)
         nbytes = f["bytes"][0]
@@ -35,6 +35,7 @@ def bench_tiers(model, repeats: int, lengths=LENGTHS, *, fit_cached=FIT_CACHED, 
              ("disk_save", "disk_load", "recompute", "ram_restore")}
         mbps = {k: spread([nbytes / t / 1e6 for t in s[k]]) for k in ("disk_save", "disk_load")}
         ratio = spread([a / b for a, b in zip(s["disk_load"], s["recompute"])])
+        ratios[n] = ratio["median"]
         rows.append((n, f"{nbytes / 2**20:.1f}", median_range(mbps["disk_save"]), median_range(mbps["disk_load"]),
                      ms(spread(s["disk_load"])), ms(spread(s["recompute"])), median_range(spread(s["ram_restore"]), 1e6),
                      median_range(ratio)))
@@ -48,7 +49,9 @@ def bench_tiers(model, repeats: int, lengths=LENGTHS, *, fit_cached=FIT_CACHED, 
                  "and model check, restore (kv.DiskStore.best). Reads come from a just-written file "
                  "(warm OS page cache). Recompute: prefill of the same prefix. "
                  f"Prefill cost model (kv.cost.fit, {len(fit_cached) * len(fit_new)} fit points, 6 held out): "
-                 f"held-out MAPE {cost.mape_holdout:.1%}, fit MAPE {cost.mape_fit:.1%}; {cost!r}.")
+                 f"held-out MAPE {cost.mape_holdout:.1%}, fit MAPE {cost.mape_fit:.1%}; {cost!r}.",
+                 values={"mape_holdout": cost.mape_holdout, "mape_fit": cost.mape_fit,
+                         "disk_load_vs_recompute": ratios, "model": model.name})
 
 
 def table(s: Settings) -> Table:
