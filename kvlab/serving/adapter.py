@@ -15,6 +15,10 @@ reuse at most n - 1 tokens (mlx-lm needs one token to prefill). What is handed t
 ``kv.restore`` of the (trimmed) snapshot: fresh cache objects over copy-on-write views, never the
 store's own arrays (pitfall 3 in the README).
 
+Each lookup also says why the prompt's other tokens missed (``kvlab.miss_reasons``, the Engine's
+definitions), from a memory of what this store cached and lost; the ledger puts the reasons in the
+request's ``kv.Result``.
+
 Example:
     >>> adapter = StoreAdapter(kv.make_store("radix"), kv.load("tiny"), ServerEvents())
     >>> ResponseGenerator(provider, adapter)
@@ -30,7 +34,8 @@ from dataclasses import replace
 
 from ..errors import KvlabError
 from ..keys import cache_key
-from ..snapshots import restore, snapshot, trim
+from ..miss_reasons import MissIndex
+from ..snapshots import make_cache, non_trimmable_layers, restore, snapshot, trim
 from ..tokens import from_ids
 from .events import ServerEvents
 
@@ -117,6 +122,10 @@ class StoreAdapter(Attribution):
         # thread); only the system-prompt store reads them, the others key on ids alone.
         self._spans = getattr(store, "name", "") == "system_prompt"
         self.peak_bytes = 0
+        probe = snapshot(make_cache(model))
+        self.trimmable = not non_trimmable_layers(probe) if probe.layers else True
+        self.misses = MissIndex(getattr(store, "block_size", None),
+                                unstorable=not self.trimmable and getattr(store, "slices_kv", False))
 
     # -- mlx-lm's interface -----------------------------------------------------------------------
     def fetch_nearest_cache(self, model_key, tokens):
@@ -134,7 +143,7 @@ class StoreAdapter(Attribution):
             self.events.add("lookup", request=rid, tokens=len(tokens), detail=info["kind"])
             self.events.add("hit" if reused else "miss", request=rid, tokens=reused,
                             entry=info.get("entry"), detail=info["kind"])
-            self._drain(rid, None)
+            self._drain(rid, None, self._key(tokens))
             if rid is not None:
                 self.requests[rid] = {**info, "reused": reused}
             return cache, list(tokens[reused:])
@@ -150,7 +159,7 @@ class StoreAdapter(Attribution):
                 self._insert(list(tokens), prompt_cache, cache_type)
             except Exception as e:  # noqa: BLE001
                 self._error(f"insert ({cache_type})", rid, e)
-            self._drain(rid, cache_type)
+            self._drain(rid, cache_type, self._key(tokens))
 
     def trim_to(self, *, n_sequences: int | None = None, n_bytes: int | None = None) -> None:
         # The Store protocol has no eviction call: a kvlab store keeps itself within budget_bytes
@@ -182,10 +191,14 @@ class StoreAdapter(Attribution):
         if self.store is None or len(ids) < 2:
             return None, 0, {"kind": "miss", "why": "no store" if self.store is None else "one token"}
         toks = self._tokens(ids)
-        match = self.store.lookup(cache_key(toks), toks, limit=len(ids) - 1)
+        key = cache_key(toks)
+        match = self.store.lookup(key, toks, limit=len(ids) - 1)
         info = {"kind": match.kind, "why": match.why, "entry": match.entry_id,
                 "entry_tokens": match.entry_tokens}
-        if match.snapshot is None or match.tokens <= 0:
+        reused = match.tokens if match.snapshot is not None and match.tokens > 0 else 0
+        missed = self.misses.explain(key, reused, untrimmable=not self.trimmable)
+        info.update(miss_reasons=missed.reasons, diverged_at=missed.diverged_at, evicted_by=missed.evicted_by)
+        if not reused:
             return None, 0, {**info, "kind": "miss"}
         t = time.perf_counter()
         snap = match.snapshot
@@ -206,11 +219,15 @@ class StoreAdapter(Attribution):
         toks = self._tokens(ids[:n])
         self.store.insert(cache_key(toks), toks, snap, kind=KIND.get(cache_type, "prompt"))
 
+    def _key(self, ids):
+        return cache_key(from_ids(list(ids)))  # as the lookup keys it: the server has no salts or images
+
     def _tokens(self, ids):
         return from_ids(ids, self.model.tokenizer, chatml_spans=True) if self._spans else from_ids(ids)
 
-    def _drain(self, rid, segment) -> None:
-        for ev in self.store.drain_events() if self.store is not None else []:
+    def _drain(self, rid, segment, key) -> None:
+        events = self.store.drain_events() if self.store is not None else []
+        for ev in events:
             if ev.event in ADDS:
                 self._entries[str(ev.entry)] = (segment or "user", ev.nbytes)
             elif ev.event in REMOVES:
@@ -221,6 +238,7 @@ class StoreAdapter(Attribution):
                             detail=ev.detail, segment=segment)
         if self.store is not None:
             self.peak_bytes = max(self.peak_bytes, int(self.store.nbytes))
+            self.misses.record(rid if rid is not None else -1, key, events, offered=key)
 
     # -- checking ---------------------------------------------------------------------------------
     def invariants(self) -> dict:

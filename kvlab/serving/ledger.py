@@ -122,7 +122,8 @@ class Ledger:
                       info.get("kind", "miss") if reused else "miss", ttft, lookup, restore,
                       max(0.0, ttft - lookup - restore), max(0.0, end - r["t0"] - ttft), out, text,
                       self.adapter.nbytes, info.get("evictions", 0), None, info.get("why", ""), None,
-                      info.get("entry_tokens", 0) or 0, 0, prompt)
+                      info.get("entry_tokens", 0) or 0, 0, prompt, info.get("miss_reasons") or {},
+                      info.get("diverged_at"), info.get("evicted_by"))
 
     def _record(self, rid, r, info, result: Result, status, end) -> dict:
         return {"request": rid, "arrival": r["arrival"], "finish": r["arrival"] + (end - r["t0"]),

@@ -47,8 +47,8 @@ class Inspector:
     """Live view of an Engine. Tabs: the store's prefix tree, memory over time, the requests, a
     selected request's divergence from an earlier one, the block grid, the hit rate the
     recorded requests would get under another budget (the slider above the tabs), and why each
-    request's missed tokens missed (``kv.viz.miss_reasons``; a live server's requests carry no
-    reasons, and the tab says so).
+    request's missed tokens missed (``kv.viz.miss_reasons``; a server on mlx-lm's own
+    LRUPromptCache records no reasons, and the tab says so).
 
     ``block_size``: replay through a PagedStore with blocks of this size (default: the store's
     ``block_size`` if it has one, else through a RadixStore: whole entries). ``budget_mb``: the slider's

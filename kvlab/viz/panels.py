@@ -62,10 +62,10 @@ def table_html(rows: list[list]) -> str:
 
 def misses_figure(results) -> go.Figure:
     """Missed tokens by reason per request (``kv.viz.miss_reasons``), or a note when the results
-    carry no reasons (a live server's requests are not explained)."""
+    carry no reasons (a server running mlx-lm's own LRUPromptCache does not explain its misses)."""
     results = list(results)
     if results and not any(r.miss_reasons for r in results):
         return go.Figure(layout=dict(height=200, meta={"totals": None, "bars": 0},
-                                     title="why tokens missed: not recorded for a live server's requests "
-                                           "(run them through a kv.Engine)"))
+                                     title="why tokens missed: not recorded by this server's cache "
+                                           "(serve a kvlab store, or run the requests through a kv.Engine)"))
     return miss_reasons(results, title="why prompt tokens were not reused, per request")

@@ -242,9 +242,9 @@ def test_misses_panel_says_when_results_carry_no_reasons(tiny):
 
     engine = kv.Engine(tiny, kv.RadixStore())
     run(engine, REQUESTS[:1])
-    # a live server's Results (kvlab.serving.ledger) carry no reasons: the tab says so
+    # a server on mlx-lm's own LRUPromptCache records no reasons: the tab says so
     bare = [dataclasses.replace(r, miss_reasons={}) for r in engine.results]
     fig = misses_figure(bare)
-    assert len(fig.data) == 0 and "not recorded for a live server" in fig.layout.title.text
+    assert len(fig.data) == 0 and "not recorded by this server's cache" in fig.layout.title.text
     assert misses_figure(engine.results).layout.meta["totals"]["first_seen"] == \
         engine.results[0].miss_reasons["first_seen"]

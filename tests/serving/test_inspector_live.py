@@ -44,3 +44,38 @@ def test_inspector_follows_a_live_server(start, store, system_prompt):
     ins.refresh()
     assert ins.state()["memory"]["bytes"] == server.store.nbytes
     assert state["simulated"] is not None and state["simulated"]["token_hit_rate"] > 0
+
+
+def test_a_served_request_says_why_its_tokens_missed(start, client, system_prompt, no_eos):
+    """The server's Results carry the Engine's miss reasons (kvlab.miss_reasons), summing to the
+    missed tokens; the Inspector's misses tab draws them. Mutants caught: reasons left empty
+    (the sums fail), the insert events not recorded (the other question would be first_seen, not
+    diverged)."""
+    server = start("radix")
+    c = client(server)
+
+    def ask(user):
+        c.chat.completions.create(model="tiny", max_tokens=4, temperature=0, logit_bias=no_eos,
+                                  messages=[{"role": "system", "content": system_prompt},
+                                            {"role": "user", "content": user}])
+
+    for user in ("What is a prefix cache?", "What is a prefix cache?", "Why do caches miss?"):
+        ask(user)
+    deadline = time.time() + 30
+    while time.time() < deadline and len(server.results) < 3:
+        time.sleep(0.05)
+    first, repeat, other = server.results
+    for r in server.results:
+        assert sum(r.miss_reasons.values()) == r.prompt_tokens - r.reused_tokens, r
+    assert first.miss_reasons["first_seen"] == first.prompt_tokens - 1
+    assert first.miss_reasons["partial_block"] == 1  # the last prompt token is always prefilled
+    # the repeat reuses all but the last token, which is the last-token rule's
+    assert repeat.reused_tokens == repeat.prompt_tokens - 1
+    assert {k: n for k, n in repeat.miss_reasons.items() if n} == {"partial_block": 1}
+    # the other question parts ways after the system prompt and the user turn's opening tokens
+    assert other.miss_reasons["diverged"] == other.prompt_tokens - other.reused_tokens - 1
+    assert other.diverged_at == other.reused_tokens
+    ins = kv.Inspector(server)
+    drawn = {t.name: [int(v) for v in t.y] for t in ins.figs["misses"].data}
+    assert drawn["diverged"] == [0, 0, other.miss_reasons["diverged"]]
+    assert drawn["first_seen"][0] == first.prompt_tokens - 1
