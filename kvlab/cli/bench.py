@@ -59,7 +59,9 @@ def bench(args) -> int:
         print(f"kvlab: wrote {args.write} ({time.perf_counter() - started:.0f} s)")
     if marked:
         details = os.path.relpath(args.write, os.path.dirname(os.path.abspath(readme))) if args.write else None
-        _replace(readme, replace_marked(readme_text, readme_block(tables, details=details, **meta), name=readme))
+        # read again: the README may have been edited during a run that takes half an hour
+        block = readme_block(tables, details=details, **meta)
+        _replace(readme, replace_marked(open(readme).read(), block, name=readme))
         print(f"kvlab: rewrote the bench summary in {readme}")
     elif readme_text is not None:
         print(f"kvlab: {readme} has no {START} / end markers; left unchanged")

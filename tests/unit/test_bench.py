@@ -82,6 +82,24 @@ def test_readme_block_is_rewritten_from_the_same_run(tmp_path, capsys):
     assert "rewrote the bench summary" in capsys.readouterr().out
 
 
+def test_readme_edits_made_during_the_run_are_kept(tmp_path, monkeypatch):
+    """Mutant caught: writing back the README text read before the run (it lost an edit once)."""
+    import kvlab.bench
+
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# R\n\n{summary.START}\nold\n{summary.END}\n")
+    real_run = kvlab.bench.run
+
+    def run_while_someone_edits(*a, **kw):
+        readme.write_text(readme.read_text() + "\nadded during the run\n")
+        return real_run(*a, **kw)
+
+    monkeypatch.setattr(kvlab.bench, "run", run_while_someone_edits)
+    assert main(["bench", "--only", "hashing", "--repeats", "1", "--write", str(tmp_path / "BENCHMARKS.md")]) == 0
+    text = readme.read_text()
+    assert text.endswith("\nadded during the run\n") and "\nold\n" not in text
+
+
 def test_bad_readme_markers_fail_before_the_run(tmp_path, capsys, monkeypatch):
     readme = tmp_path / "README.md"
     readme.write_text(f"{summary.END}\n{summary.START}\n")
