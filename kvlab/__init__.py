@@ -21,35 +21,47 @@ __version__ = "0.1.0"
 
 # name -> module; resolved on first use so `import kvlab` stays cheap and viz stays optional
 _LAZY = {
-    "load": "models", "Model": "models", "fingerprint": "models",
+    "load": "models.loading", "Model": "models.loading", "fingerprint": "models.loading",
     "load_vlm": "vlm", "VLModel": "vlm",
-    "tokenise": "tokens", "Tokens": "tokens", "Span": "tokens",
-    "split_at_boundary": "boundary", "Split": "boundary",
-    "prefill": "snapshots", "snapshot": "snapshots", "restore": "snapshots", "trim": "snapshots",
-    "save": "snapshots", "load_snapshot": "snapshots", "Snapshot": "snapshots",
-    "block_hashes": "blocks", "make_cache": "snapshots", "compact": "snapshots",
-    "diverge": "divergence", "Divergence": "divergence", "volatile_fields": "volatile",
-    "normalise": "normalisation", "normalise_text": "normalisation", "Rule": "normalisation",
-    "DEFAULT_RULES": "normalisation", "VolatileField": "volatile",
+    "tokenise": "primitives.tokens", "Tokens": "primitives.tokens", "Span": "primitives.tokens",
+    "split_at_boundary": "primitives.boundary", "Split": "primitives.boundary",
+    "prefill": "primitives.snapshots", "snapshot": "primitives.snapshots",
+    "restore": "primitives.snapshots", "trim": "primitives.snapshots", "save": "primitives.snapshots",
+    "load_snapshot": "primitives.snapshots", "Snapshot": "primitives.snapshots",
+    "make_cache": "primitives.snapshots", "compact": "primitives.snapshots",
+    "block_hashes": "primitives.blocks",
+    "diverge": "primitives.divergence", "Divergence": "primitives.divergence",
+    "volatile_fields": "primitives.volatile", "VolatileField": "primitives.volatile",
+    "normalise": "primitives.normalisation", "normalise_text": "primitives.normalisation",
+    "Rule": "primitives.normalisation", "DEFAULT_RULES": "primitives.normalisation",
+    "kv_format": "primitives.kv_format",
     "Engine": "engine", "Result": "engine",
     "RadixStore": "stores", "PagedStore": "stores", "SystemPromptStore": "stores",
     "MlxLmLRUStore": "stores", "make_store": "stores", "StoreEvent": "stores",
     "DiskStore": "stores", "TieredStore": "stores",
     "CacheKey": "keys", "cache_key": "keys", "Request": "request", "Workload": "request",
-    "simulate": "simulator", "sweep": "simulator",
+    "simulate": "sim.simulator", "sweep": "sim.simulator",
     "quantize": "quantization", "dequantize": "quantization", "quantization_sweep": "quantization",
-    "quantized_reuse_error": "quantization", "kv_format": "quantized",
+    "quantized_reuse_error": "quantization",
     "Inspector": "viz.widgets",
     "serve": "serving.server",
     "load_test": "serving.load",
 }
-_SUBMODULES = {"workloads", "traces", "viz", "bench", "runner", "grid", "stores", "magics", "keys", "tokens",
-               "serving", "cost", "blocks", "policies", "replay", "quantization"}
+# kv.<name> -> the submodule it names (kept short for notebooks: kv.traces.read(), kv.cost.fit())
+_SUBMODULES = {
+    "workloads": "workloads", "viz": "viz", "bench": "bench", "stores": "stores", "magics": "magics",
+    "serving": "serving", "policies": "policies", "quantization": "quantization", "keys": "keys",
+    "models": "models", "primitives": "primitives", "experiments": "experiments", "sim": "sim",
+    "tokens": "primitives.tokens", "blocks": "primitives.blocks",
+    "traces": "experiments.traces", "runner": "experiments.runner", "grid": "experiments.grid",
+    "cost": "experiments.cost", "replay": "experiments.replay", "simulator": "sim.simulator",
+    "snapshots": "primitives.snapshots", "errors": "errors",
+}
 
 _ERRORS = {"BlockSizeError", "BoundaryError", "BudgetError", "ImageError", "KvlabError",
            "ModelNotFoundError", "NotTrimmableError", "QuantizationError", "RequestError", "SnapshotError",
            "TemplateError", "TokenIdError", "TraceError"}
-__all__ = sorted(set(_LAZY) | _SUBMODULES | _ERRORS | {"load_ipython_extension"})
+__all__ = sorted(set(_LAZY) | set(_SUBMODULES) | _ERRORS | {"load_ipython_extension"})
 
 
 def __getattr__(name):
@@ -59,7 +71,7 @@ def __getattr__(name):
         globals()[name] = value
         return value
     if name in _SUBMODULES:
-        module = importlib.import_module(f".{name}", __name__)
+        module = importlib.import_module(f".{_SUBMODULES[name]}", __name__)
         globals()[name] = module
         return module
     raise AttributeError(f"module 'kvlab' has no attribute {name!r}")

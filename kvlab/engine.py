@@ -24,11 +24,11 @@ from .errors import KvlabError, NotTrimmableError, RequestError, SnapshotError
 from .keys import CacheKey, cache_key
 from .miss_reasons import MissIndex
 from .policies.reasons import ALL_REASONS
-from .quantized import check_reusable, check_settings, check_start, head_dims_of
+from .primitives.kv_format import check_reusable, check_settings, check_start, head_dims_of
 from .request import Request
-from .snapshots import advance, make_cache, non_trimmable_layers, prefill, restore, snapshot, trim
+from .primitives.snapshots import advance, make_cache, non_trimmable_layers, prefill, restore, snapshot, trim
 from .stores.base import MISS, StoreEvent
-from .tokens import Tokens, common_prefix_len, is_id_sequence
+from .primitives.tokens import Tokens, common_prefix_len, is_id_sequence
 
 KEYINGS = ("prompt", "prompt+output")
 EVENT_SCHEMA = {"request": pl.Int64, "event": pl.Utf8, "tokens": pl.Int64, "bytes": pl.Int64,

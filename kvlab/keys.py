@@ -22,9 +22,9 @@ from dataclasses import dataclass
 
 import xxhash
 
-from .blocks import block_hashes
+from .primitives.blocks import block_hashes
 from .errors import TokenIdError
-from .tokens import Tokens
+from .primitives.tokens import Tokens
 
 
 @dataclass(frozen=True)

@@ -21,10 +21,10 @@ import mlx.core as mx
 import polars as pl
 
 from .errors import QuantizationError
-from .quantized import GROUP_SIZES, check_settings, kv_format, layer_format, maybe_quantize
-from .quantized import quantized_bytes_per_token
-from .snapshots import LayerState, Snapshot, make_cache, prefill, restore, snapshot
-from .tokens import is_id_sequence
+from .primitives.kv_format import GROUP_SIZES, check_settings, kv_format, layer_format, maybe_quantize
+from .primitives.kv_format import quantized_bytes_per_token
+from .primitives.snapshots import LayerState, Snapshot, make_cache, prefill, restore, snapshot
+from .primitives.tokens import is_id_sequence
 
 # Plain English prose (written for kvlab) for sweeps, benchmarks and tests: KL on real text, not on
 # random ids, is what tells a quantization apart; each is ~115 SmolLM2 tokens.
@@ -117,7 +117,7 @@ def valid_group_sizes(shapes) -> tuple[int, ...]:
 
 def formula_bytes_per_token(shapes, bits: int | None, group_size: int | None) -> int:
     """Bytes one token takes over all attention layers: float (heads * dims * value size) or
-    quantized (``kv.quantized.quantized_bytes_per_token``)."""
+    quantized (``kvlab.primitives.kv_format.quantized_bytes_per_token``)."""
     if bits is None:
         return sum(h * (k + v) * size for h, k, v, size in shapes)
     return sum(quantized_bytes_per_token(bits, group_size, head_dim=k, v_head_dim=v, kv_heads=h,

@@ -162,7 +162,7 @@ class Workload:
                 raise RequestError(f"workload {self.name!r} holds chat messages; pass tokenizer= "
                                    "(e.g. kv.load('tiny') or kvlab.models.qwen_tokenizer()) to "
                                    "tokenise them")
-            from .tokens import tokenise
+            from .primitives.tokens import tokenise
 
             out.append(tuple(tokenise(tokenizer, list(r.messages)).ids))
         return out

@@ -36,7 +36,7 @@ import dataclasses
 
 import mlx.core as mx
 import polars as pl
-from kvlab.units import fmt_bytes
+from kvlab.primitives.units import fmt_bytes
 
 # %% tags=["parameters"]
 model = "tiny"            # "smollm2": the embedded SmolLM2-135M-Instruct

@@ -198,8 +198,8 @@ table1.pivot(on="policy", index="capacity_blocks", values=["token_hit_ratio", "p
 # below are each store's own counter, against the lower bound: every distinct token once.
 
 # %%
-from kvlab.replay import SYNTHETIC_BYTES_PER_TOKEN, replay
-from kvlab.tokens import common_prefix_len
+from kvlab.experiments.replay import SYNTHETIC_BYTES_PER_TOKEN, replay
+from kvlab.primitives.tokens import common_prefix_len
 
 
 def distinct_tokens(prompts) -> int:

@@ -45,6 +45,6 @@ def smol():
 @pytest.fixture(scope="session")
 def qwen_tokenizer():
     """mlx-lm's TokenizerWrapper around the real Qwen3 tokenizer (no model weights)."""
-    from kvlab.models import qwen_tokenizer
+    from kvlab.models.loading import qwen_tokenizer
 
     return qwen_tokenizer()

@@ -59,7 +59,7 @@ def run(model_name: str = "smollm2", repeats: int = 5, only=None, *, on_table=No
         raise KvlabError(f"unknown benchmark(s) {sorted(unknown)}; choose from {tuple(REGISTRY)}")
     settings = Settings(model_name, repeats, ttft_system_tokens)
     if any(REGISTRY[name].NEEDS_MODEL for name in only):
-        from ..models import load
+        from ..models.loading import load
 
         settings.model = load(model_name)
     tables = []

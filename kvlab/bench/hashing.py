@@ -1,4 +1,4 @@
-"""Block hashing throughput of each algorithm (kvlab.blocks.bench_hashing) as a table."""
+"""Block hashing throughput of each algorithm (kvlab.primitives.blocks.bench_hashing) as a table."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ def bench_hashing_table(repeats: int) -> Table:
         >>> bench_hashing_table(3).columns
         ('algorithm', 'M tokens/s median', 'min-max')
     """
-    from ..blocks import bench_hashing
+    from ..primitives.blocks import bench_hashing
 
     r = bench_hashing(repeats=repeats)["algos"]
     rows = tuple((algo, f"{v['median_tokens_per_s'] / 1e6:.1f}",

@@ -31,7 +31,7 @@ def bench_memory(model, prefix_len=512, suffix_len=128, num_prompts=50) -> Table
     """
     from .. import workloads
     from ..engine import Engine
-    from ..snapshots import prefill, snapshot
+    from ..primitives.snapshots import prefill, snapshot
     from ..stores import MlxLmLRUStore, PagedStore, RadixStore, SharedRadixStore
 
     wl = workloads.prefix_repetition(prefix_len=prefix_len, suffix_len=suffix_len,

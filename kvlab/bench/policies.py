@@ -28,13 +28,13 @@ def bench_policies(trace=None, *, n_requests: int = 12_000, n_capacities: int = 
     """
     import numpy as np
 
-    from .. import traces
+    from ..experiments import traces
     from ..policies import POLICIES
     from ..sim.dispatch import sweep_kernel
     from ..sim.kernels_stack import lru_stack_kernel
     from ..sim.prepare import prepare_replay
     from ..sim.reference import run_python
-    from ..simulator import sweep
+    from ..sim.simulator import sweep
 
     base = trace if isinstance(trace, traces.Trace) else traces.read(trace)
     if len(base) < n_requests:

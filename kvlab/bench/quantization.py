@@ -38,8 +38,8 @@ def bench_quantized_files(model, repeats: int, tokens: int = 1024) -> list[tuple
         ('save 256-token snapshot', 'float32')
     """
     from ..quantization import attention_shapes, quantize
-    from ..quantized import kv_format
-    from ..snapshots import load_snapshot, save, snapshot
+    from ..primitives.kv_format import kv_format
+    from ..primitives.snapshots import load_snapshot, save, snapshot
     from .snapshot import filled_cache
 
     formats = _formats(attention_shapes(model))

@@ -90,7 +90,7 @@ def bench_serving(model, repeats: int, *, concurrency=CONCURRENCY, servers=None,
 def _one(srv, model, c, rep, requests, prefix_len, suffix_len, output_len) -> dict:
     from ..errors import KvlabError
     from ..serving.load import load_test
-    from ..units import fmt_bytes
+    from ..primitives.units import fmt_bytes
 
     try:
         r = load_test(srv.url, "prefix_repetition", tokenizer=model, concurrency=c, num_requests=requests,

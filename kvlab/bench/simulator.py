@@ -28,10 +28,10 @@ def bench_simulator(trace=None, *, n_requests: int = 12_000, n_capacities: int =
     """
     import numpy as np
 
-    from .. import traces
+    from ..experiments import traces
     from ..sim.dispatch import replay_kernel
     from ..sim.kernels_stack import lru_stack_kernel
-    from ..simulator import prepare_replay, replay_python, sweep
+    from ..sim.simulator import prepare_replay, replay_python, sweep
 
     base = trace if isinstance(trace, traces.Trace) else traces.read(trace)
     if len(base) < n_requests:

@@ -20,7 +20,7 @@ def filled_cache(model, n: int) -> list:
     """
     import mlx.core as mx
 
-    from ..snapshots import make_cache
+    from ..primitives.snapshots import make_cache
 
     cache = make_cache(model)
     cfg = model.config
@@ -43,7 +43,7 @@ def bench_snapshot(model, repeats: int, lengths=(256, 512, 1024, 2048, 4096, 819
         >>> bench_snapshot(kv.load("tiny"), 2, lengths=(256,)).rows[0][0]
         256
     """
-    from ..snapshots import restore, snapshot
+    from ..primitives.snapshots import restore, snapshot
 
     rows, values = [], {}
     for n in lengths:

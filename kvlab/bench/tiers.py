@@ -24,7 +24,7 @@ def bench_tiers(model, repeats: int, lengths=LENGTHS, *, fit_cached=FIT_CACHED, 
         >>> bench_tiers(kv.load("tiny"), 2, lengths=(256,), fit_cached=(0, 256), fit_new=(16, 32, 64, 128, 256)).rows[0][0]
         256
     """
-    from ..cost import fit, measure_tiers
+    from ..experiments.cost import fit, measure_tiers
 
     times = measure_tiers(model, lengths, repeats=max(repeats, 3))
     rows, ratios = [], {}

@@ -20,9 +20,9 @@ def bench_ttft(model, repeats: int, system_tokens: int = 1000, turns: int = 4) -
     """
     from .. import workloads
     from ..engine import Engine
-    from ..snapshots import prefill
+    from ..primitives.snapshots import prefill
     from ..stores import MlxLmLRUStore, PagedStore, RadixStore, SharedRadixStore
-    from ..tokens import tokenise
+    from ..primitives.tokens import tokenise
 
     wl = workloads.agentic_loop(turns=turns, billing_header=False, system_tokens=system_tokens)
     prompts = [tokenise(model, list(r.messages)).ids for r in wl.requests]

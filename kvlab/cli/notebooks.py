@@ -29,7 +29,7 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from ..runner import parse_parameters, run_notebook
+    from ..experiments.runner import parse_parameters, run_notebook
 
     r = run_notebook(args.notebook, parse_parameters(args.param), args.out, kernel_name=args.kernel,
                      timeout=args.timeout, progress=sys.stderr.isatty())
@@ -40,8 +40,8 @@ def run(args) -> int:
 def grid(args) -> int:
     import polars as pl
 
-    from ..grid import GridError, run_grid
-    from ..runner import parse_parameters
+    from ..experiments.grid import GridError, run_grid
+    from ..experiments.runner import parse_parameters
 
     try:
         frame = run_grid(args.notebook, args.grid, parameters=parse_parameters(args.param),

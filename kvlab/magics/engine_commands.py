@@ -35,8 +35,8 @@ def register(sub) -> None:
 
 def load(state, args, cell, local_ns):
     from ..errors import KvlabError
-    from ..models import NAMES, Model
-    from ..models import load as load_model
+    from ..models.loading import NAMES, Model
+    from ..models.loading import load as load_model
 
     name = args.model or "smollm2"
     value = None
@@ -60,7 +60,7 @@ def load(state, args, cell, local_ns):
 def run(state, args, cell, local_ns):
     import polars as pl
 
-    from ..normalisation import normalise
+    from ..primitives.normalisation import normalise
 
     state.need_model()
     name, requests = workload_of(state, args, local_ns)
@@ -98,7 +98,7 @@ def workload_of(state, args, local_ns):
     """``(name, requests)``: a generator by name with the size options, or a notebook EXPR."""
     from .. import workloads
     from ..errors import KvlabError
-    from ..runner import parse_value
+    from ..experiments.runner import parse_value
 
     spec = args.workload
     key = spec.replace("-", "_").removeprefix("kv.workloads.").removeprefix("workloads.")

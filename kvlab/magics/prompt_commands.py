@@ -25,7 +25,7 @@ def tokens(state, args, cell, local_ns):
 
 
 def split(state, args, cell, local_ns):
-    from ..boundary import split_at_boundary
+    from ..primitives.boundary import split_at_boundary
 
     state.need_model()
     toks = state.tokens_of(state.evaluate(args.expr, local_ns))
@@ -39,8 +39,8 @@ def split(state, args, cell, local_ns):
 
 
 def diff(state, args, cell, local_ns):
-    from ..divergence import diverge
-    from ..normalisation import normalise
+    from ..primitives.divergence import diverge
+    from ..primitives.normalisation import normalise
 
     state.need_model()
     a, b = (messages_of(state.evaluate(x, local_ns)) for x in (args.expr_a, args.expr_b))

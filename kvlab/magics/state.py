@@ -86,7 +86,7 @@ class State:
 
     def tokens_of(self, value):
         """Tokens of messages, text, ids (or a Request's) on the current model."""
-        from ..tokens import Tokens, tokenise
+        from ..primitives.tokens import Tokens, tokenise
 
         value = messages_of(value)
         if isinstance(value, Tokens):

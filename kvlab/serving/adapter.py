@@ -35,8 +35,8 @@ from dataclasses import replace
 from ..errors import KvlabError
 from ..keys import cache_key
 from ..miss_reasons import MissIndex
-from ..snapshots import make_cache, non_trimmable_layers, restore, snapshot, trim
-from ..tokens import from_ids
+from ..primitives.snapshots import make_cache, non_trimmable_layers, restore, snapshot, trim
+from ..primitives.tokens import from_ids
 from .events import ServerEvents
 
 SEGMENTS = ("assistant", "user", "system")  # mlx-lm's cache types, in its eviction order

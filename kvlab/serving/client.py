@@ -58,7 +58,7 @@ class Sender:
         if row.get("output_tokens") is None:
             row["output_tokens"] = usage.get("completion_tokens")
         if row["output_tokens"] is None and self.tokenizer is not None:  # vLLM's fallback
-            from ..tokens import hf_tokenizer
+            from ..primitives.tokens import hf_tokenizer
 
             row["output_tokens"] = len(hf_tokenizer(self.tokenizer).encode(text, add_special_tokens=False))
         row.update(request_metrics(t_send, body.pop("times"), row["output_tokens"]) if "times" in body

@@ -180,7 +180,7 @@ class KvlabHandler(APIHandler):
         # kvlab serve serves one model under any name (agents send their own model names)
         body["model"] = "default_model"
         if self.kv.normalise and isinstance(body.get("messages"), list):
-            from ..normalisation import normalise
+            from ..primitives.normalisation import normalise
 
             body["messages"] = normalise(body["messages"])
 

@@ -148,7 +148,7 @@ async def load_test_async(url: str, workload="multi_turn", *, concurrency: int |
     """
     base = _base_url(url)
     if isinstance(tokenizer, (str, os.PathLike)):
-        from ..models import load
+        from ..models.loading import load
 
         tokenizer = load(os.fspath(tokenizer))
     sessions, cap = _plan(workload, concurrency, rate, num_requests, duration, users, timeout,

@@ -58,7 +58,7 @@ def peers_venv() -> Path:
     repo = Path(__file__).resolve().parents[2]
     if (repo / "pyproject.toml").is_file():
         return repo / ".venv-peers"
-    from ..models import kvlab_home
+    from ..models.loading import kvlab_home
 
     return kvlab_home() / "venv-peers"
 
@@ -276,7 +276,7 @@ def model_folder(model) -> Path:
     p = Path(os.fspath(model)).expanduser()
     if p.is_dir():
         return p.resolve()
-    from ..models import load
+    from ..models.loading import load
 
     return Path(load(os.fspath(model)).path)
 

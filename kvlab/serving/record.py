@@ -35,8 +35,8 @@ from pathlib import Path
 
 from ..errors import KvlabError
 from ..request import Request, Workload
-from ..blocks import chained_hashes
-from ..traces import MOONCAKE_BLOCK_SIZE
+from ..primitives.blocks import chained_hashes
+from ..experiments.traces import MOONCAKE_BLOCK_SIZE
 
 ID_BITS = (1 << 63) - 1
 

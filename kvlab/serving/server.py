@@ -32,7 +32,7 @@ from mlx_lm.models.cache import LRUPromptCache
 from mlx_lm.server import get_system_fingerprint
 
 from ..errors import KvlabError
-from ..units import fmt_bytes, parse_bytes
+from ..primitives.units import fmt_bytes, parse_bytes
 from .adapter import StoreAdapter
 from .events import ServerEvents
 from .generator import KvlabModelProvider, KvlabResponseGenerator, cli_args
@@ -67,7 +67,7 @@ class Server:
                  api_key: str | None = None, block_size: int = 16, max_size: int = 10,
                  max_tokens: int = 512, decode_concurrency: int = 32, prompt_concurrency: int = 8,
                  disk=None, disk_budget=None):
-        from ..models import Model, load
+        from ..models.loading import Model, load
 
         self.model = model if isinstance(model, Model) else load(model)
         self.host, self.port = host, int(port)

@@ -105,7 +105,8 @@ def sessions_for(workload, *, tokenizer=None, users: int = 8, seed: int = 0, tim
         >>> ss[0].turns[0].endpoint
         'completions'
     """
-    from .. import traces, workloads
+    from .. import workloads
+    from ..experiments import traces
 
     if isinstance(workload, traces.Trace) or (isinstance(workload, (str, Path))
                                                and str(workload).endswith((".jsonl", ".json"))):
@@ -160,7 +161,7 @@ def round_trip_suffixes(wl: Workload, tokenizer, seed: int = 0) -> Workload:
     """
     import dataclasses
 
-    from ..tokens import hf_tokenizer
+    from ..primitives.tokens import hf_tokenizer
 
     hf, n_pre = hf_tokenizer(tokenizer), int(wl.params["prefix_len"])
     rng = np.random.default_rng([seed, 13])
@@ -182,7 +183,7 @@ def round_trip_suffixes(wl: Workload, tokenizer, seed: int = 0) -> Workload:
 
 def decode(tokenizer, ids) -> str:
     """Token ids as text, with the tokenizer's Hugging Face ``decode``."""
-    from ..tokens import hf_tokenizer
+    from ..primitives.tokens import hf_tokenizer
 
     return hf_tokenizer(tokenizer).decode(list(ids))
 
@@ -209,7 +210,7 @@ def safe_ids(tokenizer) -> tuple[int, ...]:
         >>> hf.encode(hf.decode(list(ids)), add_special_tokens=False) == list(ids)
         True
     """
-    from ..tokens import hf_tokenizer
+    from ..primitives.tokens import hf_tokenizer
 
     ids = _safe_ids_cached(hf_tokenizer(tokenizer))
     if len(ids) < 64:

@@ -66,7 +66,7 @@ def prepare_replay(source, block_size, passes, tokenizer, priorities=None) -> Re
         >>> prepare_replay(kv.traces.read(), None, 2, None).block_size
         512
     """
-    from .. import traces
+    from ..experiments import traces
     from ..workloads import Request, Workload
 
     if isinstance(passes, bool) or not isinstance(passes, (int, np.integer)) or passes < 1:

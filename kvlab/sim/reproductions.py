@@ -37,7 +37,7 @@ def scan_resistance(policies=ONLINE, *, hot_tokens: int = 1024, block_size: int 
         >>> scan_resistance(["lru"])["hot_tokens_kept"].item()
         0
     """
-    from ..simulator import simulate
+    from .simulator import simulate
 
     rng = np.random.default_rng(seed)
     fresh = iter(range(1_000_000, 100_000_000))
@@ -67,7 +67,7 @@ def multi_round_qa(rounds: int = 4, round_tokens: int = 512, block_size: int = 1
         >>> multi_round_qa()["reuse_ratio"].round(2).to_list()
         [0.0, 0.5, 0.67, 0.75]
     """
-    from ..simulator import simulate
+    from .simulator import simulate
 
     rng = np.random.default_rng(seed)
     pieces = [tuple(int(x) for x in rng.integers(0, 50_000, round_tokens)) for _ in range(rounds)]
@@ -88,8 +88,8 @@ def mooncake_table1(trace=None, policies=("lru", "lfu", "length_aware")) -> pl.D
         >>> mooncake_table1().columns
         ['policy', 'capacity_blocks', 'token_hit_ratio', 'block_hit_ratio', 'paper_hit_ratio', 'belady_token_hit_ratio']
     """
-    from .. import traces
-    from ..simulator import sweep
+    from ..experiments import traces
+    from .simulator import sweep
 
     t = trace if isinstance(trace, traces.Trace) else traces.read(trace)
     caps = list(MOONCAKE_TABLE1["capacity_blocks"])

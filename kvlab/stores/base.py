@@ -15,8 +15,8 @@ import psutil
 
 from ..errors import BudgetError
 from ..keys import CacheKey
-from ..snapshots import Snapshot
-from ..tokens import Tokens
+from ..primitives.snapshots import Snapshot
+from ..primitives.tokens import Tokens
 
 MATCH_KINDS = ("miss", "exact", "prefix", "lcp", "supersequence")
 # why an entry left when not for room (for room, the reason is the eviction policy's name)

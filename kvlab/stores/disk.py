@@ -41,9 +41,9 @@ import polars as pl
 
 from ..errors import BlockSizeError, KvlabError, SnapshotError
 from ..keys import CacheKey
-from ..snapshots import Snapshot, load_snapshot, save
-from ..tokens import Tokens
-from ..units import fmt_bytes
+from ..primitives.snapshots import Snapshot, load_snapshot, save
+from ..primitives.tokens import Tokens
+from ..primitives.units import fmt_bytes
 from .base import MISS, EventLog, Match, StoreBase, check_budget, too_big
 from .disk_files import (PAGEABLE, SUFFIX, TEMP_PREFIX, CorruptFileWarning, FingerprintOnly, as_ids,
                          check_file, concat_blocks, cut_block)

@@ -23,7 +23,7 @@ import numpy as np
 from mlx.utils import tree_flatten, tree_map
 
 from ..errors import SnapshotError
-from ..snapshots import FORMAT_VERSION, LayerState, Snapshot
+from ..primitives.snapshots import FORMAT_VERSION, LayerState, Snapshot
 
 SUFFIX = ".safetensors"
 TEMP_PREFIX = ".kvlab-"  # kv.save's temp files

@@ -20,7 +20,7 @@ import mlx.core as mx
 from mlx.utils import tree_flatten, tree_map
 
 from ..errors import SnapshotError
-from ..snapshots import LayerState, Snapshot
+from ..primitives.snapshots import LayerState, Snapshot
 
 SLICEABLE = ("KVCache", "QuantizedKVCache")  # layers whose state is (keys, values, offset, ...)
 

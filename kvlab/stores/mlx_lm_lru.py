@@ -25,8 +25,8 @@ from dataclasses import replace
 from mlx_lm.models.cache import LRUPromptCache
 
 from ..keys import CacheKey
-from ..snapshots import Snapshot, compact, restore, snapshot
-from ..tokens import Tokens
+from ..primitives.snapshots import Snapshot, compact, restore, snapshot
+from ..primitives.tokens import Tokens
 from .base import EventLog, Match, StoreBase
 
 MODEL_KEY = "kvlab"  # mlx-lm's per-model namespace; one adapter serves one model

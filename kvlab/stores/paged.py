@@ -39,8 +39,8 @@ from mlx.utils import tree_flatten, tree_map
 from ..errors import BlockSizeError, BudgetError, SnapshotError
 from ..keys import CacheKey
 from ..policies import KIND_PRIORITY, Unit, store_policy
-from ..snapshots import LayerState, Snapshot
-from ..tokens import Tokens
+from ..primitives.snapshots import LayerState, Snapshot
+from ..primitives.tokens import Tokens
 from .base import EventLog, Match, StoreBase, check_budget, default_budget
 
 

@@ -28,8 +28,8 @@ import polars as pl
 
 from ..keys import CacheKey
 from ..policies import KIND_PRIORITY, Unit, store_policy
-from ..snapshots import Snapshot, compact, non_trimmable_layers
-from ..tokens import Tokens, common_prefix_len
+from ..primitives.snapshots import Snapshot, compact, non_trimmable_layers
+from ..primitives.tokens import Tokens, common_prefix_len
 from .base import MISS, NON_CAPACITY_REASONS, EventLog, Match, StoreBase, check_budget, default_budget, too_big
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import polars as pl
 
-from ..snapshots import Snapshot
+from ..primitives.snapshots import Snapshot
 
 
 @dataclass(eq=False)

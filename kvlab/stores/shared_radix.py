@@ -43,8 +43,8 @@ import polars as pl
 from ..errors import SnapshotError
 from ..keys import CacheKey
 from ..policies import KIND_PRIORITY, Unit, store_policy
-from ..snapshots import Snapshot
-from ..tokens import Tokens, common_prefix_len
+from ..primitives.snapshots import Snapshot
+from ..primitives.tokens import Tokens, common_prefix_len
 from .base import EventLog, Match, StoreBase, check_budget, default_budget, too_big
 from .edge_kv import cut, join, nbytes_of, why_unsliceable
 from .shared_node import Node, edge_ids, frame_of, html_of

@@ -22,11 +22,11 @@ import html
 import itertools
 from dataclasses import dataclass
 
-from ..boundary import split_at_boundary
+from ..primitives.boundary import split_at_boundary
 from ..errors import BoundaryError
 from ..keys import CacheKey
-from ..snapshots import Snapshot, compact, trim
-from ..tokens import Tokens
+from ..primitives.snapshots import Snapshot, compact, trim
+from ..primitives.tokens import Tokens
 from .base import EventLog, Match, StoreBase, check_budget, default_budget, too_big
 
 

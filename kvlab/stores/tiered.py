@@ -33,9 +33,9 @@ import polars as pl
 
 from ..errors import BlockSizeError, BudgetError, KvlabError
 from ..keys import CacheKey
-from ..snapshots import Snapshot
-from ..tokens import Tokens
-from ..units import fmt_bytes
+from ..primitives.snapshots import Snapshot
+from ..primitives.tokens import Tokens
+from ..primitives.units import fmt_bytes
 from .base import EventLog, Match, StoreBase
 from .disk import DiskStore
 from .disk_files import concat_blocks

@@ -1,5 +1,5 @@
 """What an engine's recorded requests would reuse under another byte budget, with no model run:
-their prompt ids replayed through a fresh store's own code (``kvlab.replay``). The Inspector's
+their prompt ids replayed through a fresh store's own code (``kvlab.experiments.replay``). The Inspector's
 budget slider and curve read this.
 
 Example:
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from ..replay import replay
+from ..experiments.replay import replay
 from ..stores import RadixStore
 
 MODES = ("entries", "blocks")

@@ -14,7 +14,7 @@ import plotly.graph_objects as go
 import polars as pl
 
 from ..errors import VizError
-from ..tokens import ROLE_COLOURS, Tokens, tokenizer_of
+from ..primitives.tokens import ROLE_COLOURS, Tokens, tokenizer_of
 
 COLORS = {"hit": "#2ca02c", "miss": "#c7c7c7", "evicted": "#d62728", "diverge": "#d62728",
           "volatile": "#ff7f0e", "budget": "#d62728", "total": "#222222"}

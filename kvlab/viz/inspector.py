@@ -3,7 +3,7 @@ budget, misses by reason).
 
 It listens with ``engine.on_result`` and reads only public objects and frames: ``engine.results``,
 ``engine.events``, ``engine.stats()``, ``engine.store.tree_frame()``. The budget slider replays the
-recorded prompt ids without a model through a real store's own code (``kvlab.replay``): a
+recorded prompt ids without a model through a real store's own code (``kvlab.experiments.replay``): a
 RadixStore (whole entries) or a PagedStore (blocks) at the slider's budget.
 
 Example:
@@ -23,8 +23,8 @@ import plotly.graph_objects as go
 import polars as pl
 
 from ..errors import VizError
-from ..tokens import common_prefix_len
-from ..units import fmt_bytes
+from ..primitives.tokens import common_prefix_len
+from ..primitives.units import fmt_bytes
 from .blocks import block_grid
 from .budget import BudgetReplay
 from .curves import hit_ratio_curves
@@ -282,7 +282,7 @@ class Inspector:
 
     def resimulate(self, budget_bytes: float, mode: str | None = None) -> dict | None:
         """Both hit rates the recorded requests would get under ``budget_bytes``, no model run:
-        their prompt ids replayed through a fresh store's own code (``kvlab.replay``).
+        their prompt ids replayed through a fresh store's own code (``kvlab.experiments.replay``).
 
         ``mode``: "entries" (a RadixStore, subsuming as this engine's store does) or "blocks" (a
         PagedStore of ``block_size``); default: the app's replay control. None until an entry

@@ -12,7 +12,7 @@ import plotly.graph_objects as go
 import polars as pl
 
 from ..errors import VizError
-from ..units import fmt_bytes
+from ..primitives.units import fmt_bytes
 from .common import COLORS, as_frame, empty, need
 
 STORE_EVENTS = {"insert": 1, "block_stored": 1, "evict": -1, "block_removed": -1}

@@ -12,10 +12,10 @@ import html
 
 import plotly.graph_objects as go
 
-from ..divergence import diverge
+from ..primitives.divergence import diverge
 from ..errors import KvlabError, TemplateError, TokenIdError, VizError
-from ..tokens import Tokens, as_tokens
-from ..volatile import volatile_fields
+from ..primitives.tokens import Tokens, as_tokens
+from ..primitives.volatile import volatile_fields
 from .common import COLORS, ROLE_FILL, ROLES, discrete, tokenizer_from, visible
 
 

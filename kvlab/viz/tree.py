@@ -10,7 +10,7 @@ import plotly.graph_objects as go
 import polars as pl
 
 from ..errors import VizError
-from ..tokens import hf_tokenizer
+from ..primitives.tokens import hf_tokenizer
 from .common import as_frame, empty, need, tokenizer_from, visible
 
 

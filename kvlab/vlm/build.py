@@ -24,8 +24,8 @@ _blas.load_fast_blas()  # before mlx.core
 import mlx.core as mx  # noqa: E402
 import numpy as np  # noqa: E402
 
-from ..folders import digest_files, ensure_folder, kvlab_home, sha256_json  # noqa: E402
-from ..models import QWEN_FILES, TINY_SEED, qwen_tokenizer_dir, qwen_vocab_size  # noqa: E402
+from ..models.folders import digest_files, ensure_folder, kvlab_home, sha256_json  # noqa: E402
+from ..models.loading import QWEN_FILES, TINY_SEED, qwen_tokenizer_dir, qwen_vocab_size  # noqa: E402
 
 TINY_VLM_VERSION = 1  # bump when the tiny VLM builder's output changes
 

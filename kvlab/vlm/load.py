@@ -18,8 +18,8 @@ _blas.load_fast_blas()  # before mlx.core
 import mlx.core as mx  # noqa: E402
 
 from ..errors import KvlabError, ModelNotFoundError, VLMUnavailableError  # noqa: E402
-from ..folders import TOKENIZER_FILES, digest_files, read_manifest, sha256_json  # noqa: E402
-from ..models import DTYPES, context_length_of, default_dtype, stored_dtype  # noqa: E402
+from ..models.folders import TOKENIZER_FILES, digest_files, read_manifest, sha256_json  # noqa: E402
+from ..models.loading import DTYPES, context_length_of, default_dtype, stored_dtype  # noqa: E402
 from .build import PROCESSOR_FILES, ensure_tiny_vlm  # noqa: E402
 from .model import VLModel  # noqa: E402
 

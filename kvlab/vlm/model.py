@@ -23,8 +23,8 @@ import mlx.core as mx  # noqa: E402
 import numpy as np  # noqa: E402
 
 from ..errors import ImageError, KvlabError, TemplateError  # noqa: E402
-from ..models import Model  # noqa: E402
-from ..tokens import (ImageRef, Span, Tokens, char_to_token_span, encode_with_offsets,  # noqa: E402
+from ..models.loading import Model  # noqa: E402
+from ..primitives.tokens import (ImageRef, Span, Tokens, char_to_token_span, encode_with_offsets,  # noqa: E402
                       has_content_lists, is_messages, message_char_spans, render, validate_messages)
 from .images import Pixels, image_hash, image_source, load_image, placeholder_runs  # noqa: E402
 from .net import RequestModel, cache_offset  # noqa: E402
@@ -183,7 +183,7 @@ class VLModel(Model):
             >>> float(mx.abs(warm - logits).max()) <= 1e-4
             True
         """
-        from ..snapshots import prefill
+        from ..primitives.snapshots import prefill
 
         if not isinstance(tokens, Tokens):
             raise KvlabError(f"vlm.prefill takes the Tokens of a request (kv.tokenise(vlm, messages)), "

@@ -22,7 +22,7 @@ _blas.load_fast_blas()  # before mlx.core
 import mlx.core as mx  # noqa: E402
 
 from ..errors import ImageError, KvlabError, TokenIdError  # noqa: E402
-from ..tokens import Tokens  # noqa: E402
+from ..primitives.tokens import Tokens  # noqa: E402
 from .images import Pixels, image_parts, image_source, load_image, placeholder_runs  # noqa: E402
 
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..errors import RequestError
 from ..request import Request, Workload, canonical_json
-from ..tokens import hf_tokenizer
+from ..primitives.tokens import hf_tokenizer
 from .text import (check_positive, prose, question, seeded_image, system_prompt, tool_args,
                    tool_result, tool_schemas)
 

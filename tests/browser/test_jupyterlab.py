@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 import kvlab as kv
-from kvlab.tokens import common_prefix_len
+from kvlab.primitives.tokens import common_prefix_len
 
 pytestmark = pytest.mark.browser
 

@@ -7,7 +7,7 @@ import pytest
 import kvlab as kv
 from kvlab.errors import BudgetError, KvlabError, RequestError, SnapshotError
 from kvlab.stores.base import MISS, EventLog, Match, StoreBase
-from kvlab.tokens import common_prefix_len
+from kvlab.primitives.tokens import common_prefix_len
 from kvlab.workloads import Request
 
 pytestmark = pytest.mark.model

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.model
 CHILD = textwrap.dedent("""
     import json
     import kvlab as kv
-    from kvlab.tokens import from_ids
+    from kvlab.primitives.tokens import from_ids
 
     m = kv.load("tiny")
     V = m.vocab_size

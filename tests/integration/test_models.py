@@ -1,4 +1,4 @@
-"""kvlab.models / kvlab.gguf against real weights: the embedded SmolLM2 and the tiny models."""
+"""kvlab.models / kvlab.models.gguf against real weights: the embedded SmolLM2 and the tiny models."""
 
 import json
 import os
@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 import kvlab as kv
-from kvlab import folders, models
+from kvlab.models import folders
+from kvlab.models import loading as models
 
 import mlx.core as mx  # noqa: E402  (after kvlab: OpenBLAS first)
 from mlx_lm import generate  # noqa: E402

@@ -195,7 +195,7 @@ def test_tokenise_bad_conversations(tiny):
 def test_tokenise_without_chat_template(qwen_tokenizer):
     from transformers import AutoTokenizer
 
-    from kvlab.models import qwen_tokenizer_dir
+    from kvlab.models.loading import qwen_tokenizer_dir
 
     bare = AutoTokenizer.from_pretrained(qwen_tokenizer_dir())
     bare.chat_template = None

@@ -22,7 +22,7 @@ from mlx_lm.models.cache import KVCache, QuantizedKVCache
 import kvlab as kv
 from kvlab.errors import QuantizationError, SnapshotError
 from kvlab.quantization import SAMPLE_TEXTS
-from kvlab.quantized import kv_format
+from kvlab.primitives.kv_format import kv_format
 
 pytestmark = [pytest.mark.model, pytest.mark.embedded]
 

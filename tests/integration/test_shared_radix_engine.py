@@ -10,7 +10,7 @@ import pytest
 
 import kvlab as kv
 import mlx.core as mx
-from kvlab.quantized import kv_format
+from kvlab.primitives.kv_format import kv_format
 from kvlab.stores import RadixStore, SharedRadixStore
 
 pytestmark = pytest.mark.model

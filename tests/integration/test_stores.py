@@ -14,7 +14,7 @@ import pytest
 
 import kvlab as kv
 from kvlab.workloads import Request
-from kvlab.tokens import common_prefix_len as lcp
+from kvlab.primitives.tokens import common_prefix_len as lcp
 
 pytestmark = pytest.mark.model
 

@@ -151,7 +151,7 @@ def test_prefill_on_restored_prefix_matches_cold(vlm):
     for cut in (5, ref.token_start - 1, ref.token_start, ref.token_start + 2, ref.token_end,
                 len(toks.ids) - 1):
         net = vlm.for_request(toks)
-        from kvlab.snapshots import prefill
+        from kvlab.primitives.snapshots import prefill
 
         warm, _ = prefill(net, toks.ids[cut:], kv.restore(kv.trim(snap, snap.offset - cut)),
                           all_logits=True)
@@ -332,7 +332,7 @@ def test_net_runs_text_only_ids_like_mlx_vlm(vlm):
     """``vlm.net`` is the text-only net: ``kv.prefill(vlm, ids)`` equals mlx-vlm's own forward
     pass and ``vlm.prefill(tokens)``. Mutant caught: ``net`` left as the mlx-vlm module (its call
     returns an output object, not logits, and kv.prefill fails)."""
-    from kvlab.snapshots import Runnable
+    from kvlab.primitives.snapshots import Runnable
 
     toks = kv.tokenise(vlm, [{"role": "system", "content": SYSTEM},
                              {"role": "user", "content": "Name a colour."}])

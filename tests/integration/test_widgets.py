@@ -1,6 +1,6 @@
 """kv.Inspector, headless, on the tiny model: the FigureWidgets follow the engine, controls driven
 through traitlets and through a frontend-style comm message, and the budget replay agrees with a
-real store run at that budget (kvlab.replay runs that store's own code)."""
+real store run at that budget (kvlab.experiments.replay runs that store's own code)."""
 
 import dataclasses
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import nbformat
 import polars as pl
 
-from kvlab import runner
+from kvlab.experiments import runner
 
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 LOGIT_TOL = 1e-3  # cached vs cold float32 logits on the tiny model

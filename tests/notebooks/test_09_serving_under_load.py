@@ -10,7 +10,7 @@ import nbformat
 import polars as pl
 import pytest
 
-from kvlab import runner
+from kvlab.experiments import runner
 
 NB = Path(__file__).resolve().parents[2] / "notebooks" / "09_serving_under_load.ipynb"
 

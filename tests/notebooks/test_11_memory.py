@@ -11,7 +11,7 @@ import nbformat
 import polars as pl
 import pytest
 
-from kvlab import runner
+from kvlab.experiments import runner
 
 NOTEBOOK = Path(__file__).resolve().parents[2] / "notebooks" / "11_memory.ipynb"
 LOGIT_TOL = 1e-4  # float32 tiny model: KV restored from disk against a cold prefill

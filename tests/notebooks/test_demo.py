@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from kvlab import demo
+from kvlab.experiments import demo
 
 LOGIT_TOL = 1e-3  # cached vs cold float32 logits on the tiny model
 

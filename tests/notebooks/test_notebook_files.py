@@ -7,7 +7,7 @@ import nbformat
 import pytest
 from notebook_helpers import NOTEBOOKS, notebook_names, pair_differences
 
-from kvlab import runner
+from kvlab.experiments import runner
 
 NAMES = notebook_names()
 

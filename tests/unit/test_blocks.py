@@ -12,10 +12,10 @@ import xxhash
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvlab.blocks import (ALGOS, NONE_HASH, SEED_MESSAGE, TokenIdError, UnknownAlgoError,
+from kvlab.primitives.blocks import (ALGOS, NONE_HASH, SEED_MESSAGE, TokenIdError, UnknownAlgoError,
                           bench_hashing, block_hashes, shared_blocks, short)
 from kvlab.errors import BlockSizeError, KvlabError
-from kvlab.tokens import ImageRef, Tokens
+from kvlab.primitives.tokens import ImageRef, Tokens
 
 ids_st = st.lists(st.integers(0, 2**32 - 1), max_size=120)
 bs_st = st.integers(1, 9)
@@ -133,7 +133,7 @@ def test_tokens_images_become_extra_keys():
 
 
 def test_deterministic_across_processes():
-    code = ("from kvlab.blocks import block_hashes\n"
+    code = ("from kvlab.primitives.blocks import block_hashes\n"
             "ids = [i * 7919 % 151643 for i in range(200)]\n"
             "for algo in ('xxh3_128', 'xxh3_64', 'sha256'):\n"
             "    print(algo, ','.join(h.hex() for h in block_hashes(ids, 16, algo=algo, salt='s',"

@@ -8,7 +8,7 @@ import polars as pl
 import pytest
 
 import kvlab as kv
-from kvlab.cost import CostModel, annotate, fit, fit_coefficients, sweep_seconds
+from kvlab.experiments.cost import CostModel, annotate, fit, fit_coefficients, sweep_seconds
 from kvlab.errors import KvlabError
 
 A, B, C, D = 0.02, 3e-4, 4e-7, 2.5e-7
@@ -89,7 +89,7 @@ def test_fit_meets_15_percent_held_out_on_noisy_timings_of_the_model_form(monkey
     """fit() end to end with the machine's timer replaced by the model form plus 5% noise: the
     held-out error stays well under the 15% target and the attention terms are recovered.
     Mutant caught: fitting only a + b*new (no attention terms) gives > 15% on held-out points."""
-    import kvlab.cost as cost_mod
+    import kvlab.experiments.cost as cost_mod
 
     rng = np.random.default_rng(3)
 

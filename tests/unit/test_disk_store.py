@@ -245,7 +245,7 @@ def test_blocks_cut_and_join_any_keys_values_layout():
     import numpy as np
 
     from kvlab.errors import SnapshotError as SnapErr
-    from kvlab.snapshots import LayerState, Snapshot
+    from kvlab.primitives.snapshots import LayerState, Snapshot
     from kvlab.stores.disk_files import concat_blocks, cut_block
 
     # a quantized-style layer: keys and values are (packed words, scales, biases), token axis -2,

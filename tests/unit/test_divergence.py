@@ -10,12 +10,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import kvlab as kv
-from kvlab.blocks import TokenIdError, block_hashes
-from kvlab.divergence import Divergence, diverge
-from kvlab.normalisation import BILLING_HEADER, DEFAULT_RULES, Rule, RuleError, normalise, normalise_text
-from kvlab.volatile import VolatileField, volatile_fields
+from kvlab.primitives.blocks import TokenIdError, block_hashes
+from kvlab.primitives.divergence import Divergence, diverge
+from kvlab.primitives.normalisation import BILLING_HEADER, DEFAULT_RULES, Rule, RuleError, normalise, normalise_text
+from kvlab.primitives.volatile import VolatileField, volatile_fields
 from kvlab.errors import TemplateError
-from kvlab.tokens import tokenise
+from kvlab.primitives.tokens import tokenise
 
 HEADER = "x-anthropic-billing-header: cc_version=2.1.100.7b4; cc_entrypoint=cli; cch={};"
 SYSTEM = ("You are Claude Code, Anthropic's official CLI for Claude.\n"
@@ -133,7 +133,7 @@ def test_diverge_bad_input(tok):
 
 
 def test_diverge_ids_with_a_model_are_checked_and_decoded(tok):
-    """Ids go through kvlab.tokens.as_tokens: with a model they are checked against its
+    """Ids go through kvlab.primitives.tokens.as_tokens: with a model they are checked against its
     vocabulary and shown as text. Mutant caught: a local ids path that ignores model= (no
     TokenIdError for 10**9, pieces shown as '<id>')."""
     a, b = tokenise(tok, "the cat sat").ids, tokenise(tok, "the cat sang").ids

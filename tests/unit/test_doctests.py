@@ -16,8 +16,8 @@ import pytest
 
 import kvlab as kv
 
-PURE = ["kvlab.tokens", "kvlab.boundary", "kvlab.blocks", "kvlab.divergence", "kvlab.volatile",
-        "kvlab.normalisation", "kvlab.request", "kvlab.keys", "kvlab.units", "kvlab.workloads",
+PURE = ["kvlab.primitives.tokens", "kvlab.primitives.boundary", "kvlab.primitives.blocks", "kvlab.primitives.divergence", "kvlab.primitives.volatile",
+        "kvlab.primitives.normalisation", "kvlab.request", "kvlab.keys", "kvlab.primitives.units", "kvlab.workloads",
         "kvlab.workloads.generators", "kvlab.workloads.text", "kvlab.workloads.fit"]
 VLM = ["kvlab.vlm", "kvlab.vlm.images", "kvlab.vlm.model", "kvlab.vlm.net", "kvlab.vlm.build",
        "kvlab.vlm.load"]

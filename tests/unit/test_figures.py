@@ -13,7 +13,7 @@ pytest.importorskip("plotly")
 
 from kvlab import viz  # noqa: E402
 from kvlab.viz import VizError  # noqa: E402
-from kvlab.tokens import from_ids  # noqa: E402
+from kvlab.primitives.tokens import from_ids  # noqa: E402
 from kvlab.viz.blocks import block_states, request_rows  # noqa: E402
 from kvlab.viz.common import COLORS, ROLES  # noqa: E402
 
@@ -274,4 +274,4 @@ def test_hit_ratio_curves_with_a_real_sweep():
     assert fig.data[0].y[-1] == pytest.approx((32 + 32) / 136)
 
 
-# the Inspector's budget replay (kvlab.replay) is tested in test_replay.py
+# the Inspector's budget replay (kvlab.experiments.replay) is tested in test_replay.py

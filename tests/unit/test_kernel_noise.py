@@ -11,7 +11,7 @@ import sys
 import nbformat
 import pytest
 
-from kvlab import kernel
+from kvlab.experiments import kernel
 
 pytestmark = pytest.mark.notebook
 

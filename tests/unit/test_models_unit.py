@@ -1,4 +1,4 @@
-"""kvlab.models / kvlab.gguf pieces that need no model weights."""
+"""kvlab.models / kvlab.models.gguf pieces that need no model weights."""
 
 import sys
 
@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 import kvlab as kv
-from kvlab import folders, gguf, models
+from kvlab.models import folders, gguf
+from kvlab.models import loading as models
 
 import mlx.core as mx  # noqa: E402  (after kvlab: OpenBLAS first)
 

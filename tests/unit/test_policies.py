@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import kvlab as kv
-from kvlab import simulator
+from kvlab.sim import simulator
 from kvlab.policies import MISS_REASONS, ONLINE, POLICIES, Unit, make_policy, policies_frame
 from kvlab.sim.dispatch import KERNELS, run_kernel
 from kvlab.sim.prepare import prepare_replay

@@ -24,9 +24,9 @@ from mlx_lm.models.cache import ArraysCache, KVCache, QuantizedKVCache
 import kvlab as kv
 from kvlab.errors import QuantizationError, SnapshotError
 from kvlab.keys import CacheKey
-from kvlab.quantized import (check_reusable, check_settings, kv_format, maybe_quantize, parse_format,
+from kvlab.primitives.kv_format import (check_reusable, check_settings, kv_format, maybe_quantize, parse_format,
                              quantized_bytes_per_token)
-from kvlab.tokens import from_ids
+from kvlab.primitives.tokens import from_ids
 
 HEADS, DIM, LAYERS = 2, 64, 3
 TOKS = from_ids([0])

@@ -1,4 +1,4 @@
-"""kvlab.replay runs the real stores' code without a model: the same reuse, request for request,
+"""kvlab.experiments.replay runs the real stores' code without a model: the same reuse, request for request,
 as RadixStore and PagedStore driven the way the Engine drives them (with snapshots of another size,
 so the budget scaling is checked too), and the same as kv.simulate's block LRU for block-aligned
 capacities. No model."""
@@ -15,8 +15,8 @@ from mlx_lm.models.cache import KVCache
 import kvlab as kv
 from kvlab.errors import BudgetError, KvlabError
 from kvlab.keys import CacheKey
-from kvlab.replay import SYNTHETIC_BYTES_PER_TOKEN, replay, scaled_budget, synthetic_snapshot
-from kvlab.tokens import from_ids
+from kvlab.experiments.replay import SYNTHETIC_BYTES_PER_TOKEN, replay, scaled_budget, synthetic_snapshot
+from kvlab.primitives.tokens import from_ids
 
 TOKS = from_ids([0])  # radix and paged stores read the key, not the rendered tokens
 LAYERS, DIM = 2, 3
@@ -95,7 +95,7 @@ def test_radix_replay_equals_radix_store_under_eviction(seqs, budget_tokens, sub
     assert r.store.nbytes * TOKEN_BYTES == direct.nbytes * SYNTHETIC_BYTES_PER_TOKEN
 
 
-# The old EntryReplay (kvlab.viz.widgets, before kvlab.replay) modelled RadixStore instead of
+# The old EntryReplay (kvlab.viz.widgets, before kvlab.experiments.replay) modelled RadixStore instead of
 # running it; kept here as the mutant these regression cases catch.
 def old_entry_replay(prompts, budget, subsume=True):
     def lcp(a, b):

@@ -1,4 +1,4 @@
-"""kvlab.runner, kvlab.grid and the `kvlab run` / `kvlab grid` commands.
+"""kvlab.experiments.runner, kvlab.experiments.grid and the `kvlab run` / `kvlab grid` commands.
 
 The helpers are plain unit tests; everything that executes a notebook starts a Jupyter kernel
 (papermill) and is marked `notebook`. The notebooks here are tiny and need no model.
@@ -17,10 +17,11 @@ import polars as pl
 import pytest
 import yaml
 
-from kvlab import cli, runner
-from kvlab import grid as nb_grid
-from kvlab.grid import GridError
-from kvlab.runner import RunError
+from kvlab import cli
+from kvlab.experiments import runner
+from kvlab.experiments import grid as nb_grid
+from kvlab.experiments.grid import GridError
+from kvlab.experiments.runner import RunError
 
 
 def make_notebook(path: Path) -> Path:
@@ -119,7 +120,8 @@ def test_unknown_parameter_and_missing_notebook_are_refused(notebook, tmp_path):
 
 
 def test_kernelspec_preloads_openblas(tmp_path):
-    from kvlab import _blas, kernel
+    from kvlab import _blas
+    from kvlab.experiments import kernel
 
     spec = kernel.kernel_spec()
     assert spec["argv"] == [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]

@@ -22,7 +22,7 @@ import kvlab as kv
 from kvlab.errors import BudgetError, KvlabError, SnapshotError
 from kvlab.keys import CacheKey
 from kvlab.policies import ONLINE
-from kvlab.replay import replay
+from kvlab.experiments.replay import replay
 from kvlab.stores import SharedRadixStore, make_store
 from kvlab.stores.shared_radix import SPLIT
 

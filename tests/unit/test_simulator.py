@@ -17,7 +17,7 @@ from kvlab.cli import main
 from kvlab.policies import MISS_REASONS
 from kvlab.policies import POLICIES as POLICY_TABLE
 from kvlab.sim.dispatch import replay_kernel
-from kvlab.simulator import prepare_replay, replay_python
+from kvlab.sim.simulator import prepare_replay, replay_python
 
 
 def trace(rows, block_size=4):

@@ -19,7 +19,7 @@ from mlx_lm.models.cache import ArraysCache, KVCache
 import kvlab as kv
 from kvlab.errors import BudgetError
 from kvlab.keys import CacheKey
-from kvlab.tokens import from_ids
+from kvlab.primitives.tokens import from_ids
 
 TOKS = from_ids([0])  # radix and paged stores read the key, not the rendered tokens
 

@@ -8,7 +8,7 @@ import polars as pl
 import pytest
 
 import kvlab as kv
-from kvlab.blocks import chained_hashes
+from kvlab.primitives.blocks import chained_hashes
 from kvlab.errors import BlockSizeError, TraceError
 
 

@@ -7,7 +7,7 @@ import mlx.core as mx
 import numpy as np
 
 from kvlab.keys import CacheKey
-from kvlab.snapshots import LayerState, Snapshot
+from kvlab.primitives.snapshots import LayerState, Snapshot
 
 FP = "f" * 64
 OTHER_FP = "e" * 64

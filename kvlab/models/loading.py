@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _blas
+from .. import _blas
 
 _blas.load_fast_blas()  # before mlx.core
 
@@ -32,10 +32,10 @@ import mlx.core as mx  # noqa: E402
 from mlx.utils import tree_flatten, tree_unflatten  # noqa: E402
 
 from . import gguf  # noqa: E402
-from .errors import KvlabError, ModelNotFoundError  # noqa: E402
+from ..errors import KvlabError, ModelNotFoundError  # noqa: E402
 from .folders import (TOKENIZER_FILES, digest_files, ensure_folder,  # noqa: E402
                       kvlab_home, read_manifest, sha256_json)
-from .tokens import Tokens, check_ids, tokenise_text, vocab_limit  # noqa: E402
+from ..primitives.tokens import Tokens, check_ids, tokenise_text, vocab_limit  # noqa: E402
 
 DTYPES = ("float16", "bfloat16", "float32")
 NAMES = ("smollm2", "tiny", "tiny-hybrid")
@@ -201,7 +201,7 @@ def qwen_tokenizer():
 
 
 def gguf_path() -> Path:
-    """The embedded SmolLM2 GGUF (see kvlab.gguf)."""
+    """The embedded SmolLM2 GGUF (see kvlab.models.gguf)."""
     return gguf.gguf_path()
 
 

@@ -23,12 +23,12 @@ from typing import Sequence
 import numpy as np
 import polars as pl
 
-from .blocks import chained_hashes
-from .errors import BlockSizeError, TraceError
+from ..primitives.blocks import chained_hashes
+from ..errors import BlockSizeError, TraceError
 
 MOONCAKE_BLOCK_SIZE = 512
 DEFAULT_TRACE = "synthetic_trace.jsonl"
-VENDORED = Path(__file__).resolve().parent.parent / "data" / "traces"
+VENDORED = Path(__file__).resolve().parents[2] / "data" / "traces"
 FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
 SCHEMA = {"timestamp": pl.Int64, "input_length": pl.Int64, "output_length": pl.Int64,
           "hash_ids": pl.List(pl.Int64)}

@@ -9,7 +9,7 @@ ask jupyter_client for encrypted kernel channels (:func:`manager_config`): the k
 reason to warn that it "is running over TCP without encryption" on every run.
 
 Example:
-    >>> from kvlab.kernel import install_kernelspec
+    >>> from kvlab.experiments.kernel import install_kernelspec
     >>> install_kernelspec(prefix=sys.prefix)      # `kvlab prepare` does this
     '/work/main/.venv/share/jupyter/kernels/kvlab'
 """
@@ -24,7 +24,7 @@ from pathlib import Path
 
 from filelock import FileLock
 
-from . import _blas
+from .. import _blas
 
 KERNEL_NAME = "kvlab"
 DISPLAY_NAME = "Python (kvlab)"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import polars as pl
 
-from . import _blas
+from .. import _blas
 from .runner import run_notebook
 
 # (who, question): a conversation of two turns, then another user of the same assistant
@@ -133,7 +133,7 @@ def main(model_name: str = "smollm2") -> int:
     return 0
 
 
-NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 DEMO_RUNS = (
     ("00_quickstart.ipynb", {}, ("model", "second_prompt_tokens", "second_reused_tokens",
                                   "second_prefilled_tokens", "second_verify_diff", "ttft_cold_ms",

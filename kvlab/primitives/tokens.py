@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence, runtime_checkable
 
-from .errors import TemplateError, TokenIdError
+from ..errors import TemplateError, TokenIdError
 
 KNOWN_ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})
 ROLE_COLOURS = {

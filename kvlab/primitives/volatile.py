@@ -18,7 +18,7 @@ from difflib import SequenceMatcher
 from typing import Sequence
 
 from .divergence import clipped, piece_html
-from .errors import TemplateError
+from ..errors import TemplateError
 from .tokens import Tokens, tokenise
 
 

@@ -33,13 +33,13 @@ from typing import Sequence
 import numpy as np
 import polars as pl
 
-from .errors import BudgetError, KvlabError
-from .policies import MISS_REASONS
-from .policies import POLICIES as _TABLE
-from .sim.dispatch import replay_kernel, run_kernel, sweep_kernel
-from .sim.kernels_stack import lru_stack_kernel
-from .sim.prepare import WORKLOAD_BLOCK_SIZE, Replay, Replayed, prepare_replay
-from .sim.reference import replay_python, run_python
+from ..errors import BudgetError, KvlabError
+from ..policies import MISS_REASONS
+from ..policies import POLICIES as _TABLE
+from .dispatch import replay_kernel, run_kernel, sweep_kernel
+from .kernels_stack import lru_stack_kernel
+from .prepare import WORKLOAD_BLOCK_SIZE, Replay, Replayed, prepare_replay
+from .reference import replay_python, run_python
 
 __all__ = ["simulate", "sweep", "SimResult", "POLICIES", "ENGINES", "MISS_REASONS", "Replay",
            "Replayed", "prepare_replay", "replay_python", "replay_kernel", "run_kernel", "sweep_kernel",

@@ -35,10 +35,10 @@ from dataclasses import dataclass, replace
 import numpy as np
 import polars as pl
 
-from .errors import KvlabError
-from .keys import CacheKey
-from .snapshots import prefill, restore, snapshot
-from .stores.disk import DiskStore
+from ..errors import KvlabError
+from ..keys import CacheKey
+from ..primitives.snapshots import prefill, restore, snapshot
+from ..stores.disk import DiskStore
 
 TERMS = ("a", "b", "c", "d")
 COLUMNS = ("est_prefill_s", "est_cold_prefill_s", "est_ttft_saved_s")
@@ -240,7 +240,7 @@ def sweep_seconds(source, cost: CostModel, capacities, policy: str = "lru", bloc
     Example:
         >>> kv.cost.sweep_seconds(wl, cost, [1024, 4096, None])["est_ttft_saved_s"].to_list()
     """
-    from .simulator import simulate
+    from ..sim.simulator import simulate
 
     rows = []
     for cap in capacities:

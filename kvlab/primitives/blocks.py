@@ -24,7 +24,7 @@ from typing import Any, Callable
 import numpy as np
 import xxhash
 
-from .errors import BlockSizeError, TokenIdError, UnknownAlgoError
+from ..errors import BlockSizeError, TokenIdError, UnknownAlgoError
 from .tokens import check_ids, common_prefix_len
 
 

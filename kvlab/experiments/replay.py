@@ -28,12 +28,12 @@ from typing import Any, Callable, Sequence
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache
 
-from .errors import BudgetError, KvlabError
-from .keys import CacheKey, cache_key
-from .snapshots import Snapshot, snapshot
-from .stores import STORE_NAMES, make_store
-from .tokens import Tokens, as_tokens
-from .units import fmt_bytes
+from ..errors import BudgetError, KvlabError
+from ..keys import CacheKey, cache_key
+from ..primitives.snapshots import Snapshot, snapshot
+from ..stores import STORE_NAMES, make_store
+from ..primitives.tokens import Tokens, as_tokens
+from ..primitives.units import fmt_bytes
 
 SYNTHETIC_BYTES_PER_TOKEN = 8  # keys and values of one float32 each
 

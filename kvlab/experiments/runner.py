@@ -1,4 +1,4 @@
-"""Run one experiment notebook with papermill (a parameter grid of runs is kvlab.grid).
+"""Run one experiment notebook with papermill (a parameter grid of runs is kvlab.experiments.grid).
 
 Every run gets a folder holding the executed notebook, its HTML export and the notebook's results
 table (``results.parquet``; the runner sets the notebook's ``results_path`` parameter to it).
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from .errors import KvlabError
+from ..errors import KvlabError
 
 RESULTS_PARAM = "results_path"
 RESULTS_FILE = "results.parquet"
@@ -191,7 +191,7 @@ class _kernel_env:
     a kernel spec without the preload (e.g. plain python3) still gets fast BLAS, and the renderer."""
 
     def __enter__(self):
-        from ._blas import env_with_fast_blas
+        from .._blas import env_with_fast_blas
 
         self.old = {k: os.environ.get(k) for k in ("LD_PRELOAD", "PLOTLY_RENDERER")}
         new = env_with_fast_blas().get("LD_PRELOAD")

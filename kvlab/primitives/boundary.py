@@ -9,7 +9,7 @@ from __future__ import annotations
 import html
 from dataclasses import dataclass
 
-from .errors import BoundaryError
+from ..errors import BoundaryError
 from .tokens import Tokens, common_prefix_len, encode_with_offsets, render
 
 

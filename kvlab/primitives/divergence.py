@@ -1,5 +1,5 @@
 """diverge(): the first token where two prompts stop sharing a prefix, and the message it falls in
-(see also kvlab.volatile for the fields that change per request, kvlab.normalisation for the fix).
+(see also kvlab.primitives.volatile for the fields that change per request, kvlab.primitives.normalisation for the fix).
 
 Example:
     >>> req_a, req_b = ([{"role": "system", "content": kv.workloads.BILLING_HEADER.format(cch=c)

@@ -1,7 +1,7 @@
 """Run one notebook over a parameter grid (``kvlab grid``) and collect every run's results table.
 
 The grid's cartesian product runs in parallel processes, or on a Dask cluster; each run is a
-kvlab.runner run in its own folder, and every run's table, with the run's parameters as columns,
+kvlab.experiments.runner run in its own folder, and every run's table, with the run's parameters as columns,
 is collected into ``grid.parquet``. (Not to be confused with ``kv.sweep``: that sweeps cache
 capacities in the model-free simulator.)
 
@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Mapping
 
-from .errors import KvlabError
+from ..errors import KvlabError
 from .runner import DEFAULT_RUNS, new_run_dir, notebook_parameters, run_notebook, save_results
 
 GRID_FILE = "grid.parquet"

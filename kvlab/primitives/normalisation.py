@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from .errors import RuleError, TemplateError
+from ..errors import RuleError, TemplateError
 from .tokens import Tokens
 
 

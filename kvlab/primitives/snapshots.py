@@ -25,9 +25,9 @@ import mlx.core as mx
 from mlx.utils import tree_flatten, tree_map
 from mlx_lm.models import cache as mlx_cache
 
-from .errors import NotTrimmableError, SnapshotError, SnapshotFileError
-from .quantized import kv_format as format_of
-from .quantized import maybe_quantize
+from ..errors import NotTrimmableError, SnapshotError, SnapshotFileError
+from .kv_format import kv_format as format_of
+from .kv_format import maybe_quantize
 from .statefile import digest, rebuild, structure
 from .units import fmt_bytes
 
