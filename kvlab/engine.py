@@ -13,89 +13,27 @@ from __future__ import annotations
 import html
 import itertools
 import time
-from dataclasses import asdict, dataclass, field
 
 import mlx.core as mx
 import polars as pl
 from mlx_lm.generate import generate_step
 
 from . import _blas
-from .errors import KvlabError, NotTrimmableError, RequestError, SnapshotError
+from .checkpoints import check_policy, positions
+from .errors import KvlabError, RequestError
 from .keys import CacheKey, cache_key
-from .miss_reasons import MissIndex
 from .policies.reasons import ALL_REASONS
-from .primitives.kv_format import check_reusable, check_settings, check_start, head_dims_of
-from .request import Request
-from .primitives.snapshots import advance, make_cache, non_trimmable_layers, prefill, restore, snapshot, trim
-from .stores.base import MISS, StoreEvent
+from .primitives.kv_format import check_settings, check_start, head_dims_of
+from .primitives.snapshots import advance, make_cache, prefill, snapshot
 from .primitives.tokens import Tokens, common_prefix_len, is_id_sequence
+from .request import Request
+from .result import Result, hit_rates
+from .reuse import PrefixCache
 
 KEYINGS = ("prompt", "prompt+output")
+# the core's rows (kvlab.reuse: EVENT_COLUMNS, event names documented there) plus the time
 EVENT_SCHEMA = {"request": pl.Int64, "event": pl.Utf8, "tokens": pl.Int64, "bytes": pl.Int64,
                 "entry": pl.Utf8, "t": pl.Float64, "detail": pl.Utf8}
-
-
-@dataclass(frozen=True)
-class Result:
-    """What one request reused, what it cost, and why."""
-
-    request_id: int
-    prompt_tokens: int
-    reused_tokens: int
-    prefilled_tokens: int
-    match: str
-    ttft_s: float
-    lookup_s: float
-    restore_s: float
-    prefill_s: float
-    decode_s: float
-    output_ids: tuple[int, ...]
-    text: str
-    store_bytes: int
-    evictions: int
-    verify_diff: float | None = None
-    why: str = ""
-    drift_index: int | None = None
-    entry_tokens: int = 0
-    checkpoints: int = 0
-    prompt_ids: tuple[int, ...] = field(default=(), repr=False)
-    # missed tokens by reason (kvlab.policies.reasons); empty when unknown (a server's results)
-    miss_reasons: dict = field(default_factory=dict, repr=False)
-    diverged_at: int | None = None
-    evicted_by: int | None = None
-
-    @property
-    def reuse_ratio(self) -> float:
-        return self.reused_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
-
-    def row(self) -> dict:
-        d = asdict(self)
-        d.pop("prompt_ids")
-        reasons = d.pop("miss_reasons")
-        d.update({r: reasons.get(r) for r in ALL_REASONS})  # one column per reason (null: unknown)
-        d["output_ids"] = list(self.output_ids)
-        d["reuse_ratio"] = self.reuse_ratio
-        return d
-
-    def __repr__(self) -> str:
-        v = "" if self.verify_diff is None else f", verify {self.verify_diff:.2e}"
-        return (f"Result(#{self.request_id} {self.match}: reused {self.reused_tokens}/{self.prompt_tokens}, "
-                f"prefilled {self.prefilled_tokens}, ttft {self.ttft_s * 1e3:.0f} ms{v})")
-
-    def _repr_html_(self) -> str:
-        bar = int(300 * self.reuse_ratio)
-        why = f"<br><i>{html.escape(self.why)}</i>" if self.why else ""
-        drift = (f"<br>re-tokenisation drift at token {self.drift_index}"
-                 if self.drift_index is not None else "")
-        v = "" if self.verify_diff is None else f" · verify max|Δlogit| {self.verify_diff:.2e}"
-        missed = ", ".join(f"{k} {n}" for k, n in self.miss_reasons.items() if n)
-        why += f"<br>missed: {html.escape(missed)}" if missed else ""
-        return (f"<div><b>Request #{self.request_id}</b> <code>{self.match}</code> · reused "
-                f"{self.reused_tokens}/{self.prompt_tokens} tokens · TTFT {self.ttft_s * 1e3:.1f} ms "
-                f"(prefill {self.prefill_s * 1e3:.1f} ms){v}"
-                f'<div style="width:300px;height:8px;background:#eee"><div style="width:{bar}px;'
-                f'height:8px;background:#2a7"></div></div>{why}{drift}'
-                f"<pre style='white-space:pre-wrap'>{html.escape(self.text[:500])}</pre></div>")
 
 
 def _greedy(logprobs):
@@ -111,10 +49,15 @@ class Engine:
     quantized prefix continues quantized. The store then holds quantized snapshots; KV of another
     format (float, other bits) found in the store raises SnapshotError instead of being reused.
     ``verify`` compares with a cold run under the same settings: its diff is what reuse adds.
+    ``checkpoints`` names where to snapshot a prompt while prefilling it (``kvlab.checkpoints``:
+    ``message_ends``, ``segment_ends`` as mlx-lm's server, ``none``; True/False for the first and
+    the last); by default ``message_ends`` for caches that cannot be cut back, else ``none``.
+    Every lookup, restore and insert goes through the reuse core (``kvlab.reuse``), the same one
+    kvlab's server runs.
     """
 
     def __init__(self, model, store=None, *, keying: str = "prompt", verify: bool = False,
-                 image_keys: bool = True, checkpoints: bool | None = None, max_tokens: int = 16,
+                 image_keys: bool = True, checkpoints: bool | str | None = None, max_tokens: int = 16,
                  kv_bits: int | None = None, kv_group_size: int = 64, quantized_kv_start: int = 0):
         if keying not in KEYINGS:
             raise KvlabError(f"keying must be one of {KEYINGS}, got {keying!r}")
@@ -131,13 +74,15 @@ class Engine:
         self.verify = verify
         self.image_keys = image_keys
         self.max_tokens = max_tokens
-        probe = snapshot(make_cache(model))
-        self.trimmable = not non_trimmable_layers(probe) if probe.layers else True
-        # Non-trimmable caches can only be reused exactly where a snapshot was taken.
-        self.checkpoints = (not self.trimmable) if checkpoints is None else checkpoints
-        # what the store cached and lost, to say why each missed token missed
-        unit = getattr(store, "block_size", None)
-        self._misses = MissIndex(unit, unstorable=not self.trimmable and getattr(store, "slices_kv", False))
+        # Caches that cannot be restored at any earlier position (recurrent, sliding, chunked
+        # layers) are reusable exactly where a snapshot was taken: take them at boundaries.
+        if checkpoints is None:
+            checkpoints = not model.layout.restores_anywhere
+        if isinstance(checkpoints, bool):
+            checkpoints = "message_ends" if checkpoints else "none"
+        self.checkpoint_policy = check_policy(checkpoints)
+        self.checkpoints = self.checkpoint_policy != "none"
+        self.core = PrefixCache(store, model, kv=self._kv, emit=self._event)
         self.results: list[Result] = []
         self._events: list[dict] = []
         self._ids = itertools.count(1)
@@ -190,35 +135,10 @@ class Engine:
         rid = next(self._ids)
         drift = self._drift(toks)
         start = time.perf_counter()
-
-        match, why = (MISS, "no store") if self.store is None else (
-            self.store.lookup(key, toks, limit=len(ids) - 1), "")
-        lookup_s = time.perf_counter() - start
-        why = match.why or why
-        self._event(rid, "lookup", len(ids), 0, None, match.kind)
-        t = time.perf_counter()
-        cache, reused, refused = None, 0, 0
-        if match.snapshot is not None and match.tokens > 0:
-            snap = match.snapshot
-            self._check_model(snap)
-            try:
-                if snap.offset > match.tokens:
-                    snap = trim(snap, snap.offset - match.tokens)
-                check_reusable(snap, **self._kv)
-                cache, reused = restore(snap), match.tokens
-            except NotTrimmableError as e:
-                refused, match, why = match.tokens, MISS, f"could not trim the matched entry: {e}"
-        restore_s = time.perf_counter() - t
-        missed = self._misses.explain(key, reused, untrimmable=not self.trimmable or refused > 0,
-                                      refused=refused)
-        if reused:
-            self._event(rid, "hit", reused, 0, match.entry_id, match.kind)
-        for reason, n in missed.reasons.items():
-            if n:
-                self._event(rid, "miss", n, 0, None, reason)
+        found = self.core.lookup(rid, key, toks, limit=len(ids) - 1)
 
         t = time.perf_counter()
-        logits, cache, checkpoints = self._prefill(toks, reused, cache, key)
+        logits, cache, checkpoints = self._prefill(rid, toks, found.reused, found.cache, key)
         first = int(mx.argmax(logits).item())
         prefill_s = time.perf_counter() - t
         ttft = time.perf_counter() - start
@@ -228,26 +148,28 @@ class Engine:
         out = self._decode(first, cache, max_tokens)
         decode_s = time.perf_counter() - t
 
-        seq, inserted = ids, key
-        if self.keying == "prompt+output":
-            seq = (ids + tuple(out))[:snapshot(cache).offset]
+        seq, inserted, snap = ids, key, prompt_snap
+        if self.keying == "prompt+output" and self.store is not None:
+            snap = snapshot(cache, model=self.model)
+            seq = (ids + tuple(out))[:snap.offset]
             inserted = CacheKey(seq, key.extra_keys, key.salt)
         if self.store is not None:
             # stores refresh (not replace) an entry they already hold for the same tokens
-            if self.keying == "prompt":
-                self.store.insert(key, toks, prompt_snap, kind="prompt")
-            else:
-                self.store.insert(inserted, toks, snapshot(cache, tokens=seq, model=self.model),
-                                  kind="prompt+output")
+            self.core.offer(rid, inserted, toks, snap, kind=self.keying)
         self._last_cached, self._last_prompt_len, self._last_messages = seq, len(ids), toks.messages
-        evictions = self._drain(rid, inserted)
+        events = self.core.drain(rid, inserted)
+        reused = found.reused
         verify_diff = self._verify(ids, logits) if self.verify and reused else (0.0 if self.verify else None)
-        text = self.model.tokenizer.decode(list(out))
-        result = Result(rid, len(ids), reused, len(ids) - reused, match.kind if reused else "miss",
-                        ttft, lookup_s, restore_s, prefill_s, decode_s, tuple(out), text,
-                        self.store.nbytes if self.store is not None else 0, evictions, verify_diff,
-                        why, drift, match.entry_tokens, checkpoints, ids, missed.reasons,
-                        missed.diverged_at, missed.evicted_by)
+        result = Result(
+            request_id=rid, prompt_tokens=len(ids), reused_tokens=reused, prefilled_tokens=len(ids) - reused,
+            match=found.kind, ttft_s=ttft, lookup_s=found.lookup_s, restore_s=found.restore_s,
+            prefill_s=prefill_s, decode_s=decode_s, output_ids=tuple(out),
+            text=self.model.tokenizer.decode(list(out)),
+            store_bytes=self.store.nbytes if self.store is not None else 0,
+            evictions=sum(ev.capacity for ev in events), verify_diff=verify_diff, why=found.why,
+            drift_index=drift, entry_tokens=found.match.entry_tokens, checkpoints=checkpoints,
+            prompt_ids=ids, miss_reasons=found.missed.reasons, diverged_at=found.missed.diverged_at,
+            evicted_by=found.missed.evicted_by)
         self.results.append(result)
         for listener in self._listeners:
             listener(self, result)
@@ -259,29 +181,26 @@ class Engine:
             self.run(request, max_tokens)
         return self.results_frame()
 
-    def _check_model(self, snap) -> None:
-        mine = self.model.fingerprint
-        if snap.fingerprint is not None and snap.fingerprint != mine:
-            raise SnapshotError(f"the store returned KV made by model {snap.fingerprint[:12]}, but "
-                                f"this engine runs model {mine[:12]}: KV from another model is "
-                                "meaningless; give each model its own store")
-
-    def _prefill(self, toks: Tokens, reused, cache, key):
-        """Prefill ids[reused:]. With checkpoints (non-trimmable caches), stop at each message
-        boundary and at n-1 to snapshot: such caches are reusable only exactly where a snapshot
-        was taken, and n-1 is what an identical request needs (its last token is recomputed)."""
-        ids, bounds = toks.ids, []
+    def _prefill(self, rid, toks: Tokens, reused, cache, key):
+        """Prefill ids[reused:], stopping to snapshot where the checkpoint policy says
+        (``kvlab.checkpoints``): caches that cannot be cut back are reusable only exactly where a
+        snapshot was taken."""
+        ids, bounds = toks.ids, ()
         if self.checkpoints and self.store is not None:
-            ends = {s.token_end for s in toks.spans} | {len(ids) - 1}
-            bounds = sorted(b for b in ends if reused < b < len(ids))
+            bounds = tuple(b for b in positions(self.checkpoint_policy, toks, self.model.tokenizer) if b > reused)
         cache = make_cache(self.model) if cache is None else cache
         pos, checkpoints = reused, 0
         for b in bounds:
             self._advance(ids[pos:b], cache)
-            self.store.insert(key.prefix(b), toks, snapshot(cache, tokens=ids[:b], model=self.model),
-                              kind="checkpoint")
+            self.core.offer(rid, key.prefix(b), toks, snapshot(cache, tokens=ids[:b], model=self.model),
+                            kind="checkpoint")
             pos, checkpoints = b, checkpoints + 1
         return *self._forward(ids[pos:], cache), checkpoints
+
+    @property
+    def trimmable(self) -> bool:
+        """Whether this model's cache can be restored at any earlier position (full KV only)."""
+        return self.model.layout.restores_anywhere
 
     def _advance(self, ids, cache) -> None:
         advance(self._net, ids, cache, **self._kv)
@@ -331,19 +250,10 @@ class Engine:
                              "entry": None if entry is None else str(entry),
                              "t": time.perf_counter() - self._t0, "detail": detail})
 
-    def _drain(self, rid, inserted: CacheKey) -> int:
-        """Move the store's events into the frame (and the miss memory); the evictions made to
-        free room."""
-        events: list[StoreEvent] = self.store.drain_events() if self.store is not None else []
-        for ev in events:
-            self._event(rid, ev.event, ev.tokens, ev.nbytes, ev.entry, ev.detail)
-        self._misses.record(rid, inserted, events, offered=inserted if self.store is not None else None)
-        return sum(ev.capacity for ev in events)
-
     @property
     def events(self) -> pl.DataFrame:
-        """One row per state change: lookup, hit, miss (one row per reason, the reason in
-        ``detail``), insert, evict, block_stored, block_removed."""
+        """One row per state change, in the core's schema (``kvlab.reuse``): lookup, hit, miss
+        (one row per reason, the reason in ``detail``), refused, offer, insert, evict, ..."""
         return pl.DataFrame(self._events, schema=EVENT_SCHEMA)
 
     def results_frame(self) -> pl.DataFrame:
@@ -352,15 +262,12 @@ class Engine:
 
     def stats(self) -> dict:
         """Both hit-rate definitions, named: vLLM's per token and vllm-mlx's per request."""
-        prompt = sum(r.prompt_tokens for r in self.results)
-        reused = sum(r.reused_tokens for r in self.results)
         n = len(self.results)
         return {
             "requests": n,
-            "prompt_tokens": prompt,
-            "reused_tokens": reused,
-            "token_hit_rate": reused / prompt if prompt else 0.0,
-            "request_hit_rate": sum(r.reused_tokens > 0 for r in self.results) / n if n else 0.0,
+            "prompt_tokens": sum(r.prompt_tokens for r in self.results),
+            "reused_tokens": sum(r.reused_tokens for r in self.results),
+            **hit_rates((r.prompt_tokens, r.reused_tokens) for r in self.results),
             "bytes": self.store.nbytes if self.store is not None else 0,
             "entries": self.store.entries if self.store is not None else 0,
             "evictions": sum(r.evictions for r in self.results),

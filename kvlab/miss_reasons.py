@@ -24,7 +24,8 @@ block size; only the units within the first ``n - 1`` tokens can hit):
   the capacity, says the same of a request that fits no other way), else ``evicted``
   (``evicted_by``: the request whose insertion evicted the first such unit);
 - never cached, but offered to a store that cannot hold this model's cache at all (a paged store
-  and a hybrid model): ``not_trimmable``;
+  and a hybrid model), or declined by the store (a ``refuse`` event: the cache could not be cut
+  back to where the store keeps it): ``not_trimmable``;
 - never cached under this namespace but cached with these ids under another one:
   ``salt_or_extra_keys``;
 - never cached: ``diverged`` when the unit before it was cached with another continuation
@@ -57,7 +58,8 @@ from .policies.reasons import ALL_REASONS
 
 COVERS = ("insert", "block_stored", "persist")
 REMOVES = ("evict", "block_removed", "corrupt")
-EVER, IDS_SEEN, HAD_CHILD, OFFERED, OVER = 1, 2, 4, 8, 16  # node flags
+REFUSES = ("refuse",)  # a store declined an offer: the cache cannot be cut where it needs it
+EVER, IDS_SEEN, HAD_CHILD, OFFERED, OVER, REFUSED = 1, 2, 4, 8, 16, 32  # node flags
 
 
 @dataclass(frozen=True)
@@ -159,7 +161,7 @@ class MissIndex:
                 else:
                     why = "evicted"
                     evicted_by = self._lost_by[node] if evicted_by is None else evicted_by
-            elif self.unstorable and flags & OFFERED:
+            elif (self.unstorable and flags & OFFERED) or flags & REFUSED:
                 why = "not_trimmable"
             elif hi <= len(plain) and self._flags[plain[hi - 1]] & IDS_SEEN:
                 why = "salt_or_extra_keys"
@@ -206,6 +208,11 @@ class MissIndex:
                 if hi > lo:
                     self._cover_range(request, path, plain, lo, hi)
                     self._records[name] = (path[hi - 1], hi - lo, request)
+            elif ev.event in REFUSES:
+                if path is None:
+                    path = self._path(sym, True)
+                for node in path[: int(ev.tokens)]:
+                    self._flags[node] |= REFUSED
             elif ev.event in REMOVES:
                 rec, target, pending = self._records.pop(name, None), pending, None
                 if rec is None:

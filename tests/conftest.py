@@ -35,6 +35,14 @@ def tiny():
 
 
 @pytest.fixture(scope="session")
+def tiny_hybrid():
+    """lfm2 with conv (ArraysCache) and attention layers: its cache cannot be cut back."""
+    import kvlab as kv
+
+    return kv.load("tiny-hybrid")
+
+
+@pytest.fixture(scope="session")
 def smol():
     """The embedded SmolLM2-135M-Instruct (converted once into KVLAB_HOME)."""
     import kvlab as kv

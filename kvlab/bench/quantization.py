@@ -39,7 +39,8 @@ def bench_quantized_files(model, repeats: int, tokens: int = 1024) -> list[tuple
     """
     from ..quantization import attention_shapes, quantize
     from ..primitives.kv_format import kv_format
-    from ..primitives.snapshots import load_snapshot, save, snapshot
+    from ..primitives.snapshot_files import load_snapshot, save
+    from ..primitives.snapshots import snapshot
     from .snapshot import filled_cache
 
     formats = _formats(attention_shapes(model))

@@ -13,9 +13,9 @@ def register(sub) -> None:
     s = sub.add_parser("serve", help="serve a model over HTTP (OpenAI + Anthropic routes) with a kvlab store")
     s.add_argument("--model", default="smollm2", help="smollm2 (default), tiny, or an mlx-lm folder")
     s.add_argument("--store", default="radix", choices=list(STORE_NAMES),
-                   help="prompt cache: a kvlab store, mlx-lru (mlx-lm's own, observed) or none")
-    s.add_argument("--budget", default=None, help="store budget, e.g. 1GiB (mlx-lru: mlx-lm's "
-                   "--prompt-cache-bytes)")
+                   help="prompt cache: a store as kv.make_store(name) builds it (mlx-lru: mlx-lm's "
+                   "own LRUPromptCache) or none")
+    s.add_argument("--budget", default=None, help="store budget in bytes, e.g. 1GiB")
     s.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback only)")
     s.add_argument("--port", type=int, default=8080, help="port (0: a free one)")
     s.add_argument("--record", default=None, metavar="PATH", help="append one JSON line per finished request")

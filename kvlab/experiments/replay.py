@@ -34,6 +34,7 @@ from ..primitives.snapshots import Snapshot, snapshot
 from ..stores import STORE_NAMES, make_store
 from ..primitives.tokens import Tokens, as_tokens
 from ..primitives.units import fmt_bytes
+from ..result import hit_rates
 
 SYNTHETIC_BYTES_PER_TOKEN = 8  # keys and values of one float32 each
 
@@ -55,12 +56,11 @@ class Replay:
 
     @property
     def token_hit_rate(self) -> float:
-        total = sum(self.prompt_tokens)
-        return sum(self.reused) / total if total else 0.0
+        return hit_rates(zip(self.prompt_tokens, self.reused))["token_hit_rate"]
 
     @property
     def request_hit_rate(self) -> float:
-        return sum(r > 0 for r in self.reused) / len(self.reused) if self.reused else 0.0
+        return hit_rates(zip(self.prompt_tokens, self.reused))["request_hit_rate"]
 
     def rates(self) -> dict:
         """Both hit rates (named as in ``engine.stats()``), the reuse per prompt and the total."""

@@ -22,13 +22,11 @@ def tree(state, args, cell, local_ns):
     store = engine.store
     if store is None:
         raise UsageError("the engine has no store (--store none): there is no tree to show")
-    frame = store.tree_frame() if hasattr(store, "tree_frame") else None
-    if frame is None:  # no tree (paged blocks, one system entry, mlx-lm's LRU): its table
-        table = next((getattr(store, n)() for n in ("blocks_frame", "entries_frame")
-                      if hasattr(store, n)), None)
-        return TreeView(store, [], table)
-    entries = store.entries_frame() if hasattr(store, "entries_frame") else None
-    return TreeView(store, tree_lines(frame, state.model.tokenizer), entries)
+    views = store.capabilities.views
+    entries = store.frame("entries") if "entries" in views else None
+    if "tree" not in views:  # no tree (paged blocks, one system entry, mlx-lm's LRU): its table
+        return TreeView(store, [], store.frame("blocks") if "blocks" in views else entries)
+    return TreeView(store, tree_lines(store.frame("tree"), state.model.tokenizer), entries)
 
 
 def stats(state, args, cell, local_ns):

@@ -35,6 +35,7 @@ from . import gguf  # noqa: E402
 from ..errors import KvlabError, ModelNotFoundError  # noqa: E402
 from .folders import (TOKENIZER_FILES, digest_files, ensure_folder,  # noqa: E402
                       kvlab_home, read_manifest, sha256_json)
+from ..primitives.layout import CacheLayout  # noqa: E402
 from ..primitives.tokens import Tokens, check_ids, tokenise_text, vocab_limit  # noqa: E402
 
 DTYPES = ("float16", "bfloat16", "float32")
@@ -102,6 +103,12 @@ class Model:
         from mlx_lm.models.cache import make_prompt_cache
 
         return make_prompt_cache(self.model)
+
+    @functools.cached_property
+    def layout(self) -> CacheLayout:
+        """What each layer's cache is and what it can do (``kvlab.primitives.layout``), read once
+        from mlx-lm's own cache objects for this model."""
+        return CacheLayout.of(self.make_cache(), self.num_layers)
 
     def tokenise(self, messages_or_text, *, add_generation_prompt: bool = True, **template_kwargs) -> Tokens:
         """The conversation (or text, or token ids) as ``Tokens``; ids outside the vocabulary raise

@@ -15,9 +15,6 @@ Example:
 from __future__ import annotations
 
 import html
-import json
-import os
-import tempfile
 from dataclasses import dataclass, replace
 from typing import Any, Protocol, Sequence, runtime_checkable
 
@@ -25,10 +22,9 @@ import mlx.core as mx
 from mlx.utils import tree_flatten, tree_map
 from mlx_lm.models import cache as mlx_cache
 
-from ..errors import NotTrimmableError, SnapshotError, SnapshotFileError
-from .kv_format import kv_format as format_of
+from ..errors import NotTrimmableError, SnapshotError
 from .kv_format import maybe_quantize
-from .statefile import digest, rebuild, structure
+from .layout import position_of, refusal
 from .units import fmt_bytes
 
 FORMAT_VERSION = 2  # 2: the digest covers the metadata too; "kv_format" names float or quantized KV
@@ -146,14 +142,16 @@ def snapshot(cache: Sequence[Any], *, tokens=None, model=None) -> Snapshot:
                             "mlx_lm.models.cache.make_prompt_cache(model) returns")
     layers = tuple(_layer_state(c) for c in cache)
     mx.eval([a for layer in layers for _, a in tree_flatten(layer.state) if isinstance(a, mx.array)])
-    offset = max((layer.tokens for layer in layers), default=0)
-    ids = _ids(tokens)
-    if ids is not None and len(ids) != offset and any(layer.tokens for layer in layers):
+    # the position the cache is at (a sliding window's offset, not the window it still holds)
+    seen = [n for n in (position_of(layer.kind, layer.state) for layer in layers) if n is not None]
+    offset = max(seen, default=0)
+    ids = ids_of(tokens)
+    if ids is not None and len(ids) != offset and any(seen):
         raise SnapshotError(f"tokens has {len(ids)} ids but the cache holds {offset} tokens")
     return Snapshot(layers, offset, ids, getattr(model, "fingerprint", None))
 
 
-def _ids(tokens):
+def ids_of(tokens):
     return None if tokens is None else tuple(int(i) for i in getattr(tokens, "ids", tokens))
 
 
@@ -173,18 +171,17 @@ def restore(snap: Snapshot) -> list:
     return out
 
 
-def non_trimmable_layers(snap: Snapshot) -> list[tuple[int, str, str]]:
-    """(layer index, cache class, why) for every layer that cannot drop tokens."""
+def non_trimmable_layers(snap: Snapshot, keep: int | None = None) -> list[tuple[int, str, str]]:
+    """(layer index, cache class, why) for every layer that cannot be cut back exactly to its
+    first ``keep`` tokens (default: one fewer than it holds), as ``kvlab.primitives.layout`` says."""
+    keep = snap.offset - 1 if keep is None else keep
+    if keep >= snap.offset:
+        return []
     bad = []
     for i, layer in enumerate(snap.layers):
-        if layer.kind == "ArraysCache":
-            bad.append((i, layer.kind, "it holds a recurrent (SSM/conv) state that cannot drop tokens"))
-        elif layer.kind == "RotatingKVCache":
-            offset, max_size = layer.state[2], layer.state[4]
-            if offset >= max_size:
-                bad.append((i, layer.kind, f"it has wrapped (offset {offset} >= max_size {max_size})"))
-        elif layer.kind not in ("KVCache", "QuantizedKVCache", "ConcatenateKVCache", "ChunkedKVCache"):
-            bad.append((i, layer.kind, "mlx-lm does not support trimming it"))
+        why = refusal(layer.kind, layer.state, max(keep, 0))
+        if why:
+            bad.append((i, layer.kind, why))
     return bad
 
 
@@ -200,10 +197,10 @@ def trim(snap: Snapshot, n: int) -> Snapshot:
                             f"n must be an int in 0..{snap.offset}")
     if n == 0:
         return snap
-    bad = non_trimmable_layers(snap)
+    bad = non_trimmable_layers(snap, snap.offset - n)
     if bad:
         i, kind, why = bad[0]
-        raise NotTrimmableError(f"layer {i} ({kind}) cannot be trimmed: {why}"
+        raise NotTrimmableError(f"layer {i} ({kind}) cannot be trimmed to {snap.offset - n} tokens: {why}"
                                 + (f"; {len(bad) - 1} more such layers" if len(bad) > 1 else "")
                                 + ". Keep snapshots at the boundaries you need instead of trimming.")
     live = restore(snap)
@@ -292,105 +289,3 @@ def prefill(model, ids, cache=None, *, all_logits: bool = False, kv_bits=None, k
         pieces.append(net(mx.array(ids[start : start + PREFILL_STEP])[None], cache=cache)[0].astype(mx.float32))
         mx.eval(pieces[-1], [c.state for c in maybe_quantize(cache, **quant)])
     return mx.concatenate(pieces, axis=0), cache
-
-
-# ---- files -------------------------------------------------------------------------------------
-
-def save(snap: Snapshot, path, tokens=None, *, model=None) -> str:
-    """Write the snapshot to a safetensors file (never pickle); atomic: a failed save leaves no file.
-
-    Metadata: format version, model fingerprint, token ids, layer classes, the KV format ("float32",
-    "q4g64": quantized arrays, scales and biases are written as they are), a digest of it all.
-
-    Example:
-        >>> kv.save(snap, "system.safetensors", tokens=toks, model=m)
-    """
-    fingerprint = getattr(model, "fingerprint", None) or snap.fingerprint
-    if fingerprint is None:
-        raise SnapshotError("save() needs to know the model: pass model=... (or snapshot with "
-                            "model=...) so the file can refuse to load into another model")
-    ids = _ids(tokens) if tokens is not None else snap.token_ids
-    arrays, layers_meta = {}, []
-    for i, layer in enumerate(snap.layers):
-        flat = tree_flatten(layer.state)
-        scalars = {}
-        for key, value in flat:
-            if isinstance(value, mx.array):
-                arrays[f"{i}.{key}"] = value
-            else:
-                scalars[key] = value
-        layers_meta.append({"kind": layer.kind, "tokens": layer.tokens, "nbytes": layer.nbytes,
-                            "keys": [k for k, _ in flat], "scalars": scalars,
-                            "structure": structure(layer.state)})
-    metadata = {
-        "kvlab_format": str(FORMAT_VERSION),
-        "fingerprint": fingerprint,
-        "offset": str(snap.offset),
-        "token_ids": json.dumps(list(ids) if ids is not None else None),
-        "layers": json.dumps(layers_meta),
-        "kv_format": format_of(snap),
-    }
-    metadata["digest"] = digest(arrays, json.dumps(metadata, sort_keys=True))
-    path = os.fspath(path)
-    folder = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(folder):
-        raise SnapshotFileError(f"cannot save to {path}: the folder {folder} does not exist; create it "
-                            "first (os.makedirs) or pick another path")
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=".kvlab-", suffix=".safetensors", dir=folder)
-    except OSError as e:
-        raise SnapshotFileError(f"cannot save to {path}: {e.strerror} in {folder}") from e
-    os.close(fd)
-    try:
-        mx.save_safetensors(tmp, arrays, metadata)
-        os.replace(tmp, path)
-    except BaseException as e:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        if isinstance(e, OSError):
-            raise SnapshotFileError(f"cannot save to {path}: {e}") from e
-        raise
-    return path
-
-
-def load_snapshot(path, model, *, kv_format: str | None = None) -> Snapshot:
-    """Read a snapshot written by ``kv.save``; refuse another model's file, a corrupt or truncated
-    file, a newer format and (given ``kv_format``, e.g. "q4g64" or "float32") KV of another
-    format, each with a clear error.
-
-    Example:
-        >>> snap = kv.load_snapshot("system.safetensors", m, kv_format="float32")
-    """
-    path = os.fspath(path)
-    if not os.path.exists(path):
-        raise SnapshotError(f"no snapshot file at {path}")
-    try:
-        arrays, meta = mx.load(path, return_metadata=True)
-    except Exception as e:  # MLX raises RuntimeError/ValueError for unreadable files
-        raise SnapshotError(f"{path} is not a readable safetensors file (corrupt or truncated?): {e}") from e
-    if "kvlab_format" not in meta:
-        raise SnapshotError(f"{path} is a safetensors file but not a kvlab snapshot (no kvlab_format)")
-    version = int(meta["kvlab_format"])
-    if version > FORMAT_VERSION:
-        raise SnapshotError(f"{path} has snapshot format {version}, newer than this kvlab's "
-                            f"{FORMAT_VERSION}: upgrade kvlab to read it")
-    expected = getattr(model, "fingerprint", None)
-    if meta["fingerprint"] != expected:
-        raise SnapshotError(f"{path} was made by model {meta['fingerprint'][:12]}, not by the model "
-                            f"you passed ({str(expected)[:12]}): KV from another model is meaningless")
-    signed = json.dumps({k: v for k, v in meta.items() if k != "digest"}, sort_keys=True) if version > 1 else ""
-    if digest(arrays, signed) != meta.get("digest"):
-        raise SnapshotError(f"{path} is corrupt: its data does not match the digest written with it")
-    layers = []
-    for i, lm in enumerate(json.loads(meta["layers"])):
-        flat = {k: arrays[f"{i}.{k}"] for k in lm["keys"] if f"{i}.{k}" in arrays}
-        flat.update(lm["scalars"])
-        state = rebuild(lm["structure"], flat, "")
-        layers.append(LayerState(lm["kind"], state, lm["tokens"], lm["nbytes"]))
-    ids = json.loads(meta["token_ids"])
-    snap = Snapshot(tuple(layers), int(meta["offset"]), tuple(ids) if ids is not None else None,
-                    meta["fingerprint"])
-    if kv_format is not None and format_of(snap) != kv_format:
-        raise SnapshotError(f"{path} holds {format_of(snap)} KV, not the {kv_format} asked for: float "
-                            "and quantized KV of one model are not interchangeable")
-    return snap

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import importlib
 
-__all__ = ["serve", "Server", "StoreAdapter", "ObservedLRU", "ServerEvents", "Recorder",
+__all__ = ["serve", "Server", "StoreAdapter", "ServerEvents", "Recorder",
            "hash_ids", "read_records", "workload", "load_test"]
 
-_LAZY = {"serve": "server", "Server": "server", "StoreAdapter": "adapter", "ObservedLRU": "lru",
+_LAZY = {"serve": "server", "Server": "server", "StoreAdapter": "adapter",
          "ServerEvents": "events", "Recorder": "record", "hash_ids": "record",
          "read_records": "record", "workload": "record", "load_test": "load"}
 

@@ -8,16 +8,14 @@ model_key, tokens, cache, cache_type=...)`` at each prompt segment boundary (``s
 only when ``--prompt-cache-bytes`` is set, and ``nbytes`` / ``len`` / ``stats_by_type()`` to log.
 HTTP threads read stats concurrently, so every store call runs under one lock.
 
-Keys are ``kv.cache_key`` of ``kv.tokens.from_ids(ids, tokenizer, chatml_spans=True)`` (message
-spans recovered from ChatML markers, so the system-prompt store finds its boundary; stores that key
-on ids alone get ``from_ids(ids)``, which skips the per-token decode). A lookup may
-reuse at most n - 1 tokens (mlx-lm needs one token to prefill). What is handed to mlx-lm is
-``kv.restore`` of the (trimmed) snapshot: fresh cache objects over copy-on-write views, never the
-store's own arrays (pitfall 3 in the README).
-
-Each lookup also says why the prompt's other tokens missed (``kvlab.miss_reasons``, the Engine's
-definitions), from a memory of what this store cached and lost; the ledger puts the reasons in the
-request's ``kv.Result``.
+Every step is the reuse core's (``kvlab.reuse.PrefixCache``), the Engine's own: lookup, the
+same-model and KV-format checks, cutting a match back only where every layer can be cut exactly,
+fresh cache objects for mlx-lm (never the store's own arrays: pitfall 3 in the README), a reason
+for every missed token, insert and the store's events. This module only translates: keys are
+``kv.cache_key`` of ``kv.tokens.from_ids(ids)`` (with message spans recovered from ChatML markers
+for a store whose capabilities say it needs them), an insert's ``cache_type`` becomes its kind, and
+each call is attributed to the request it belongs to. A lookup may reuse at most n - 1 tokens
+(mlx-lm needs one token to prefill).
 
 Example:
     >>> adapter = StoreAdapter(kv.make_store("radix"), kv.load("tiny"), ServerEvents())
@@ -29,14 +27,12 @@ from __future__ import annotations
 import html
 import logging
 import threading
-import time
-from dataclasses import replace
 
 from ..errors import KvlabError
 from ..keys import cache_key
-from ..miss_reasons import MissIndex
-from ..primitives.snapshots import make_cache, non_trimmable_layers, restore, snapshot, trim
+from ..primitives.snapshots import snapshot
 from ..primitives.tokens import from_ids
+from ..reuse import PrefixCache
 from .events import ServerEvents
 
 SEGMENTS = ("assistant", "user", "system")  # mlx-lm's cache types, in its eviction order
@@ -108,58 +104,59 @@ class Attribution:
 
 
 class StoreAdapter(Attribution):
-    """A kvlab store (``radix``, ``paged``, ``system``, ... or None: caching off) speaking
-    mlx-lm's prompt-cache interface (see module docstring)."""
+    """A kvlab store (``radix``, ``paged``, ``system``, ``mlx-lru``, ... or None: caching off)
+    speaking mlx-lm's prompt-cache interface through the reuse core (see module docstring)."""
 
-    def __init__(self, store, model, events: ServerEvents, *, budget_bytes: int | None = None):
+    def __init__(self, store, model, events: ServerEvents):
         super().__init__(events)
         self.store = store
         self.model = model
-        self.budget_bytes = budget_bytes if budget_bytes is not None else getattr(store, "budget_bytes", None)
         self.name = "none" if store is None else store.name
+        self.budget_bytes = None if store is None else store.capabilities.budget_bytes
+        self.core = PrefixCache(store, model, emit=self._emit)
         self._entries: dict[str, tuple[str, int]] = {}  # store entry -> (segment, bytes)
-        # Message spans cost a decode per token (~50 ms for 1,500 tokens, on mlx-lm's generation
-        # thread); only the system-prompt store reads them, the others key on ids alone.
-        self._spans = getattr(store, "name", "") == "system_prompt"
         self.peak_bytes = 0
-        probe = snapshot(make_cache(model))
-        self.trimmable = not non_trimmable_layers(probe) if probe.layers else True
-        self.misses = MissIndex(getattr(store, "block_size", None),
-                                unstorable=not self.trimmable and getattr(store, "slices_kv", False))
 
     # -- mlx-lm's interface -----------------------------------------------------------------------
     def fetch_nearest_cache(self, model_key, tokens):
         with self.lock:
-            rid, start = self.current, time.perf_counter()
+            rid = self.current
             self.lookups += 1
+            ids = list(tokens)
+            toks = self._tokens(ids)
+            key = cache_key(toks)  # the server has no salts or images
             try:
-                cache, reused, info = self._fetch(list(tokens))
+                found = self.core.lookup(rid, key, toks, limit=len(ids) - 1)
+                cache, reused = found.cache, found.reused
+                info = {"kind": found.kind, "why": found.why, "entry": found.match.entry_id,
+                        "entry_tokens": found.match.entry_tokens, "lookup_s": found.lookup_s,
+                        "restore_s": found.restore_s, "miss_reasons": found.missed.reasons,
+                        "diverged_at": found.missed.diverged_at, "evicted_by": found.missed.evicted_by}
             except Exception as e:  # noqa: BLE001  a store bug must not kill mlx-lm's generation thread
                 self._error("lookup", rid, e)
                 cache, reused, info = None, 0, {"kind": "miss", "why": f"lookup failed: {e}"}
-            info["lookup_s"] = time.perf_counter() - start
             self.hits += reused > 0
             self.reused_tokens += reused
-            self.events.add("lookup", request=rid, tokens=len(tokens), detail=info["kind"])
-            self.events.add("hit" if reused else "miss", request=rid, tokens=reused,
-                            entry=info.get("entry"), detail=info["kind"])
-            self._drain(rid, None, self._key(tokens))
+            self._drain(rid, None, key, offered=False)
             if rid is not None:
                 self.requests[rid] = {**info, "reused": reused}
-            return cache, list(tokens[reused:])
+            return cache, ids[reused:]
 
     def insert_cache(self, model_key, tokens, prompt_cache, *, cache_type: str = "assistant"):
         with self.lock:
             rid = self.owner(tokens, cache_type)
-            self.events.add("offer", request=rid, tokens=len(tokens), detail=cache_type,
-                            segment=cache_type)
             if self.store is None:
+                self.events.add("offer", request=rid, tokens=len(tokens), detail=cache_type, segment=cache_type)
                 return
+            ids = list(tokens)
+            toks = self._tokens(ids)
+            key = cache_key(toks)
             try:
-                self._insert(list(tokens), prompt_cache, cache_type)
+                snap = snapshot(prompt_cache, model=self.model)
+                self.core.offer(rid, key, toks, snap, kind=KIND.get(cache_type, "prompt"), segment=cache_type)
             except Exception as e:  # noqa: BLE001
                 self._error(f"insert ({cache_type})", rid, e)
-            self._drain(rid, cache_type, self._key(tokens))
+            self._drain(rid, cache_type, key)
 
     def trim_to(self, *, n_sequences: int | None = None, n_bytes: int | None = None) -> None:
         # The Store protocol has no eviction call: a kvlab store keeps itself within budget_bytes
@@ -187,46 +184,17 @@ class StoreAdapter(Attribution):
             return out
 
     # -- internals --------------------------------------------------------------------------------
-    def _fetch(self, ids):
-        if self.store is None or len(ids) < 2:
-            return None, 0, {"kind": "miss", "why": "no store" if self.store is None else "one token"}
-        toks = self._tokens(ids)
-        key = cache_key(toks)
-        match = self.store.lookup(key, toks, limit=len(ids) - 1)
-        info = {"kind": match.kind, "why": match.why, "entry": match.entry_id,
-                "entry_tokens": match.entry_tokens}
-        reused = match.tokens if match.snapshot is not None and match.tokens > 0 else 0
-        missed = self.misses.explain(key, reused, untrimmable=not self.trimmable)
-        info.update(miss_reasons=missed.reasons, diverged_at=missed.diverged_at, evicted_by=missed.evicted_by)
-        if not reused:
-            return None, 0, {**info, "kind": "miss"}
-        t = time.perf_counter()
-        snap = match.snapshot
-        if snap.offset > match.tokens:
-            snap = trim(snap, snap.offset - match.tokens)
-        cache = restore(snap)  # fresh objects: mlx-lm never writes into the store's arrays
-        info["restore_s"] = time.perf_counter() - t
-        return cache, match.tokens, info
-
-    def _insert(self, ids, prompt_cache, cache_type) -> None:
-        snap = snapshot(prompt_cache, model=self.model)
-        n = min(snap.offset, len(ids))
-        if n < 1:
-            return
-        if snap.offset > n:  # mlx-lm's cache ran one token ahead of the ids it reports
-            snap = trim(snap, snap.offset - n)
-        snap = replace(snap, token_ids=tuple(ids[:n]))
-        toks = self._tokens(ids[:n])
-        self.store.insert(cache_key(toks), toks, snap, kind=KIND.get(cache_type, "prompt"))
-
-    def _key(self, ids):
-        return cache_key(from_ids(list(ids)))  # as the lookup keys it: the server has no salts or images
+    def _emit(self, request, event, tokens, nbytes, entry, detail, segment=None):
+        self.events.add(event, request=request, tokens=tokens, nbytes=nbytes, entry=entry, detail=detail,
+                        segment=segment)
 
     def _tokens(self, ids):
-        return from_ids(ids, self.model.tokenizer, chatml_spans=True) if self._spans else from_ids(ids)
+        # Message spans cost a decode per token (~50 ms for 1,500 tokens, on mlx-lm's generation
+        # thread): recovered only for a store that reads them.
+        return from_ids(ids, self.model.tokenizer, chatml_spans=True) if self.core.needs_spans else from_ids(ids)
 
-    def _drain(self, rid, segment, key) -> None:
-        events = self.store.drain_events() if self.store is not None else []
+    def _drain(self, rid, segment, key, *, offered: bool = True) -> None:
+        events = self.core.drain(rid, key, offered=offered, segment=segment)
         for ev in events:
             if ev.event in ADDS:
                 self._entries[str(ev.entry)] = (segment or "user", ev.nbytes)
@@ -234,11 +202,8 @@ class StoreAdapter(Attribution):
                 self._entries.pop(str(ev.entry), None)
             if ev.capacity:
                 self.count_eviction(rid)
-            self.events.add(ev.event, request=rid, tokens=ev.tokens, nbytes=ev.nbytes, entry=ev.entry,
-                            detail=ev.detail, segment=segment)
         if self.store is not None:
             self.peak_bytes = max(self.peak_bytes, int(self.store.nbytes))
-            self.misses.record(rid if rid is not None else -1, key, events, offered=key)
 
     # -- checking ---------------------------------------------------------------------------------
     def invariants(self) -> dict:
@@ -266,5 +231,7 @@ class StoreAdapter(Attribution):
 
 def _referenced_blocks(store) -> int:
     """Paged blocks still referenced (ref_cnt > 0); other stores reference nothing between calls."""
-    frame = store.blocks_frame() if hasattr(store, "blocks_frame") else None
-    return 0 if frame is None or not frame.height else int((frame["ref_cnt"] > 0).sum())
+    if store is None or "blocks" not in store.capabilities.views:
+        return 0
+    frame = store.frame("blocks")
+    return int((frame["ref_cnt"] > 0).sum()) if frame.height else 0

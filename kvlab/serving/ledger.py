@@ -21,7 +21,7 @@ import queue
 import threading
 import time
 
-from ..engine import Result
+from ..result import Result, hit_rates
 
 log = logging.getLogger("kvlab.serving")
 RECORDED = ("ok", "disconnected")  # statuses written to the recording: the request ran
@@ -118,12 +118,15 @@ class Ledger:
         ttft = (r["first"] - r["t0"]) if r["first"] is not None else end - r["t0"]
         lookup, restore = info.get("lookup_s", 0.0), info.get("restore_s", 0.0)
         text = self.model.tokenizer.decode(list(out)) if out else ""
-        return Result(rid, len(prompt), reused, len(prompt) - reused,
-                      info.get("kind", "miss") if reused else "miss", ttft, lookup, restore,
-                      max(0.0, ttft - lookup - restore), max(0.0, end - r["t0"] - ttft), out, text,
-                      self.adapter.nbytes, info.get("evictions", 0), None, info.get("why", ""), None,
-                      info.get("entry_tokens", 0) or 0, 0, prompt, info.get("miss_reasons") or {},
-                      info.get("diverged_at"), info.get("evicted_by"))
+        return Result(
+            request_id=rid, prompt_tokens=len(prompt), reused_tokens=reused,
+            prefilled_tokens=len(prompt) - reused, match=info.get("kind", "miss") if reused else "miss",
+            ttft_s=ttft, lookup_s=lookup, restore_s=restore, prefill_s=max(0.0, ttft - lookup - restore),
+            decode_s=max(0.0, end - r["t0"] - ttft), output_ids=out, text=text,
+            store_bytes=self.adapter.nbytes, evictions=info.get("evictions", 0), why=info.get("why", ""),
+            entry_tokens=info.get("entry_tokens", 0) or 0, prompt_ids=prompt,
+            miss_reasons=info.get("miss_reasons") or {}, diverged_at=info.get("diverged_at"),
+            evicted_by=info.get("evicted_by"))
 
     def _record(self, rid, r, info, result: Result, status, end) -> dict:
         return {"request": rid, "arrival": r["arrival"], "finish": r["arrival"] + (end - r["t0"]),
@@ -168,12 +171,10 @@ class Ledger:
         """Both hit-rate definitions, named, over finished requests (as ``Engine.stats``)."""
         with self._lock:
             results, failed = list(self.results), self.failed
-        prompt = sum(r.prompt_tokens for r in results)
-        reused = sum(r.reused_tokens for r in results)
-        n = len(results)
-        return {"requests": n, "failed": failed, "prompt_tokens": prompt, "reused_tokens": reused,
-                "token_hit_rate": reused / prompt if prompt else 0.0,
-                "request_hit_rate": sum(r.reused_tokens > 0 for r in results) / n if n else 0.0,
+        return {"requests": len(results), "failed": failed,
+                "prompt_tokens": sum(r.prompt_tokens for r in results),
+                "reused_tokens": sum(r.reused_tokens for r in results),
+                **hit_rates((r.prompt_tokens, r.reused_tokens) for r in results),
                 "evictions": sum(r.evictions for r in results)}
 
     def __repr__(self) -> str:

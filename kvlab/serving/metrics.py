@@ -30,6 +30,8 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
+from ..result import hit_rates
+
 PERCENTILES = (50, 90, 99)
 LATENCIES = ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")
 GAP_TOL = 1e-3  # a batching flip at a top-2 logit gap above this is a real divergence
@@ -104,10 +106,9 @@ def summarise(frame: pl.DataFrame, duration_s: float) -> dict:
     known = ok.filter(pl.col("reused_tokens").is_not_null())
     s["reuse_known"] = known.height
     s["reused_tokens"] = int(known["reused_tokens"].sum()) if known.height else None
-    s["token_hit_rate"] = (s["reused_tokens"] / max(1, int(known["prompt_tokens"].fill_null(0).sum()))
-                           if known.height else None)
-    s["request_hit_rate"] = (known.filter(pl.col("reused_tokens") > 0).height / known.height
-                             if known.height else None)
+    rates = hit_rates(zip(known["prompt_tokens"].fill_null(0).to_list(), known["reused_tokens"].to_list()))
+    s["token_hit_rate"] = rates["token_hit_rate"] if known.height else None
+    s["request_hit_rate"] = rates["request_hit_rate"] if known.height else None
     expected = ok.filter(pl.col("prompt_tokens_expected").is_not_null())
     s["prompt_token_mismatches"] = expected.filter(
         pl.col("prompt_tokens") != pl.col("prompt_tokens_expected")).height

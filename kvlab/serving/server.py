@@ -3,13 +3,13 @@ cache, in a background thread (notebooks, tests) or in the foreground (``kvlab s
 
 The pieces are mlx-lm's: ``ResponseGenerator`` (its batching loop over ``BatchGenerator``),
 ``APIHandler`` (its OpenAI-compatible routes) and the standard library's ``ThreadingHTTPServer``
-it runs on; kvlab adds the prompt-cache adapter (kvlab.serving.adapter, or the recording
-pass-through over mlx-lm's own ``LRUPromptCache`` for ``"mlx-lru"``), the event log, the ledger
-of requests, the recording and the extra routes (kvlab.serving.handler).
+it runs on; kvlab adds the prompt-cache adapter (kvlab.serving.adapter: the reuse core the Engine
+runs, over the store ``kv.make_store(name)`` builds, mlx-lm's own ``LRUPromptCache`` for
+``"mlx-lru"`` included), the event log, the ledger of requests, the recording and the extra
+routes (kvlab.serving.handler).
 
 Binds 127.0.0.1 unless told otherwise; ``port=0`` picks a free port. ``api_key`` (default
-``$KVLAB_API_KEY``) is checked on every route. ``budget`` is the store's ``budget_bytes`` (for
-``"mlx-lru"`` mlx-lm's own ``--prompt-cache-bytes``, which also counts the running batch).
+``$KVLAB_API_KEY``) is checked on every route. ``budget`` is the store's ``budget_bytes``.
 
 Example:
     >>> with kv.serve("tiny", "radix") as server:
@@ -28,7 +28,6 @@ import socket
 import threading
 from http.server import ThreadingHTTPServer
 
-from mlx_lm.models.cache import LRUPromptCache
 from mlx_lm.server import get_system_fingerprint
 
 from ..errors import KvlabError
@@ -38,7 +37,6 @@ from .events import ServerEvents
 from .generator import KvlabModelProvider, KvlabResponseGenerator, cli_args
 from .handler import bind_handler
 from .ledger import Ledger
-from .lru import ObservedLRU
 from .record import Recorder
 
 log = logging.getLogger("kvlab.serving")
@@ -80,7 +78,6 @@ class Server:
             budget_bytes = None
         self.store_name, self.adapter = self._adapter(store, budget_bytes, block_size, max_size)
         self.budget_bytes = self.adapter.budget_bytes
-        self._mlx_budget = budget_bytes if self.store_name == "mlx-lru" else None
         self.recorder = Recorder(record, record_text=record_text, block_size=block_size) if record else None
         meta = {"store": self.store_name, "budget_bytes": self.budget_bytes, "model": self.model.name,
                 "fingerprint": self.model.fingerprint}
@@ -94,10 +91,9 @@ class Server:
         self._stopped = threading.Event()
 
     def _adapter(self, store, budget_bytes, block_size, max_size):
+        """The store behind the reuse core: by name exactly what ``kv.make_store(name)`` builds."""
         from ..stores import make_store
 
-        if store == "mlx-lru":
-            return "mlx-lru", ObservedLRU(LRUPromptCache(max_size), self.events_log, budget_bytes=budget_bytes)
         if store is None or isinstance(store, str):
             name = store or "none"
             obj = make_store(name, budget_bytes=budget_bytes, block_size=block_size, max_size=max_size)
@@ -105,7 +101,7 @@ class Server:
         if budget_bytes is not None:
             raise KvlabError("budget= applies to a store made by name; a store object keeps its own "
                              "budget_bytes")
-        return getattr(store, "name", type(store).__name__), StoreAdapter(store, self.model, self.events_log)
+        return store.name, StoreAdapter(store, self.model, self.events_log)
 
     def _tiered(self, store, disk, budget_bytes, disk_budget, block_size):
         """A TieredStore: the named RAM store in front of a DiskStore at ``disk`` (survives restarts)."""
@@ -122,7 +118,7 @@ class Server:
         """Start serving in background threads; returns self once the port is bound."""
         if self._httpd is not None:
             return self
-        args = cli_args(self.model, prompt_cache_bytes=self._mlx_budget, **self._limits)
+        args = cli_args(self.model, prompt_cache_bytes=None, **self._limits)
         args.allowed_origins = []  # no CORS: a web page must not drive a local server
         provider = KvlabModelProvider(args, self.model)
         self.generator = KvlabResponseGenerator(provider, self.adapter, self.ledger, self.events_log)
@@ -163,10 +159,8 @@ class Server:
                 pass
         self._httpd.server_close()  # joins the handler threads
         self._thread.join()
-        from ..stores.tiered import TieredStore
-
-        if isinstance(self.adapter.store, TieredStore):
-            self.adapter.store.flush()  # the disk tier keeps what RAM still holds, for the next start
+        if self.adapter.store is not None:
+            self.adapter.store.flush()  # a disk tier keeps what RAM still holds, for the next start
         self.ledger.close()
         if self.recorder is not None:
             self.recorder.close()
@@ -193,7 +187,7 @@ class Server:
 
     @property
     def store(self):
-        """The kvlab store behind the adapter (for ``"mlx-lru"``: the observed LRUPromptCache)."""
+        """The kvlab store behind the adapter."""
         return self.adapter.store
 
     @property

@@ -13,12 +13,14 @@ from typing import Protocol, runtime_checkable
 
 import psutil
 
-from ..errors import BudgetError
+from ..errors import BudgetError, KvlabError
 from ..keys import CacheKey
 from ..primitives.snapshots import Snapshot
 from ..primitives.tokens import Tokens
 
 MATCH_KINDS = ("miss", "exact", "prefix", "lcp", "supersequence")
+ALL_LAYER_KINDS = frozenset({"full", "window", "recurrent", "chunked", "list", "unknown"})
+VIEWS = ("tree", "blocks", "entries")  # the frames a store can draw: tree_frame(), blocks_frame(), entries_frame()
 # why an entry left when not for room (for room, the reason is the eviction policy's name)
 NON_CAPACITY_REASONS = ("subsumed", "replaced", "invalidated")
 
@@ -47,7 +49,7 @@ class StoreEvent:
     """One state change inside a store, drained by the Engine after each request.
 
     ``event``: ``insert``, ``evict`` (an entry left), ``block_stored`` / ``block_removed``
-    (paged blocks). ``kind`` is an insert's kind (``prompt``, ``prompt+output``, ``checkpoint``,
+    (paged blocks), ``refuse`` (an offer the store could not keep; ``reason`` says why). ``kind`` is an insert's kind (``prompt``, ``prompt+output``, ``checkpoint``,
     ``system``); ``reason`` says why something left: the eviction policy's name when it left to
     make room (then ``capacity`` is True), else ``subsumed``, ``replaced`` or ``invalidated``.
     ``tier`` names the tier of a tiered store an event belongs to (``ram``, ``disk``; None for
@@ -75,11 +77,42 @@ class StoreEvent:
         return f"StoreEvent({self.event}{why}: {self.tokens} tokens, {self.nbytes} B, entry {self.entry})"
 
 
+@dataclass(frozen=True)
+class Capabilities:
+    """What a store says it is, so nobody has to probe it.
+
+    ``block_size``: None when it serves any leading run of tokens of an entry (cutting the cache
+    back), else the size of the blocks it keeps and serves whole. ``holds``: the layer kinds
+    (``kvlab.primitives.layout``) it can keep; a store that cuts KV into blocks or edges holds
+    ``full`` KV only. ``budget_bytes``: its byte budget (None: counted in entries, mlx-lm's way).
+    ``needs_spans``: it reads the rendered prompt's message spans (the system-prompt store finds
+    its boundary there), so a server must recover them. ``views``: the frames ``frame(view)``
+    draws (``VIEWS``). ``tiers``: where it keeps entries.
+    """
+
+    block_size: int | None = None
+    holds: frozenset = ALL_LAYER_KINDS
+    budget_bytes: int | None = None
+    needs_spans: bool = False
+    views: tuple[str, ...] = ()
+    tiers: tuple[str, ...] = ("ram",)
+
+    def refuses(self, layout) -> str | None:
+        """Why this store can hold none of a cache of ``layout`` (a ``CacheLayout``), or None."""
+        found = layout.first_layer_not_in(self.holds)
+        if found is None:
+            return None
+        i, layer = found
+        return (f"layer {i} is a {layer.label}, which this store cannot hold (it keeps "
+                f"{', '.join(sorted(self.holds))} layers only)")
+
+
 @runtime_checkable
 class Store(Protocol):
     """What the Engine calls, and all it calls: every store implements exactly this.
 
-    ``lookup`` answers how many leading tokens of ``key`` (at most ``limit``) a resident entry
+    ``capabilities`` says what it is (granularity, the layer kinds it holds, budget, whether it
+    needs message spans, which frames it draws). ``lookup`` answers how many leading tokens of ``key`` (at most ``limit``) a resident entry
     can serve, never mutating what it returns; ``insert`` offers the KV of ``key``'s first
     ``snap.offset`` tokens (a store may keep all, part or none of it, and refreshes an entry it
     already holds). ``tokens`` is the rendered prompt ``key`` was built from (message spans,
@@ -87,6 +120,9 @@ class Store(Protocol):
     """
 
     name: str
+
+    @property
+    def capabilities(self) -> Capabilities: ...
 
     def lookup(self, key: CacheKey, tokens: Tokens, *, limit: int) -> Match: ...
 
@@ -99,6 +135,10 @@ class Store(Protocol):
 
     @property
     def entries(self) -> int: ...
+
+    def frame(self, view: str): ...
+
+    def flush(self) -> int: ...
 
 
 class EventLog:
@@ -119,15 +159,31 @@ class EventLog:
 
 
 class StoreBase:
-    """Plumbing every store shares: the event log the Engine drains after each request."""
+    """Plumbing every store shares: the event log the Engine drains after each request, and
+    ``frame(view)`` over the views its capabilities declare."""
 
     log: EventLog
-    # True for stores that cut KV per token or block: they can hold none of a cache with
-    # non-trimmable (SSM/conv) layers
-    slices_kv: bool = False
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """What this store is; a store that declares nothing serves whole entries of any cache."""
+        return Capabilities()
 
     def drain_events(self) -> list[StoreEvent]:
         return self.log.drain()
+
+    def flush(self) -> int:
+        """Make what must survive a restart durable (a tiered store writes RAM to disk); the
+        count of entries written. Stores kept in RAM only have nothing to do."""
+        return 0
+
+    def frame(self, view: str):
+        """The store drawn as a polars frame: ``tree``, ``blocks`` or ``entries``, as declared in
+        ``capabilities.views``."""
+        views = self.capabilities.views
+        if view not in views:
+            raise KvlabError(f"{self.name} store draws {', '.join(views) or 'no frames'}, not {view!r}")
+        return getattr(self, f"{view}_frame")()
 
 
 def default_budget(fraction: float = 0.25) -> int:

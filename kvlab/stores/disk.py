@@ -41,10 +41,11 @@ import polars as pl
 
 from ..errors import BlockSizeError, KvlabError, SnapshotError
 from ..keys import CacheKey
-from ..primitives.snapshots import Snapshot, load_snapshot, save
+from ..primitives.snapshot_files import load_snapshot, save
+from ..primitives.snapshots import Snapshot
 from ..primitives.tokens import Tokens
 from ..primitives.units import fmt_bytes
-from .base import MISS, EventLog, Match, StoreBase, check_budget, too_big
+from .base import ALL_LAYER_KINDS, Capabilities, MISS, EventLog, Match, StoreBase, check_budget, too_big
 from .disk_files import (PAGEABLE, SUFFIX, TEMP_PREFIX, CorruptFileWarning, FingerprintOnly, as_ids,
                          check_file, concat_blocks, cut_block)
 
@@ -333,6 +334,11 @@ class DiskStore(StoreBase):
     @property
     def entries(self) -> int:
         return len(self._index)
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(block_size=self.block_size, budget_bytes=self.budget_bytes, tiers=("disk",),
+                            holds=ALL_LAYER_KINDS if self.block_size is None else frozenset({"full"}))
 
     def lookup(self, key: CacheKey, tokens: Tokens, *, limit: int) -> Match:
         if self.fingerprint is None:

@@ -25,9 +25,9 @@ from dataclasses import replace
 from mlx_lm.models.cache import LRUPromptCache
 
 from ..keys import CacheKey
-from ..primitives.snapshots import Snapshot, compact, restore, snapshot
+from ..primitives.snapshots import Snapshot, compact, non_trimmable_layers, restore, snapshot
 from ..primitives.tokens import Tokens
-from .base import EventLog, Match, StoreBase
+from .base import Capabilities, EventLog, Match, StoreBase
 
 MODEL_KEY = "kvlab"  # mlx-lm's per-model namespace; one adapter serves one model
 
@@ -35,11 +35,11 @@ MODEL_KEY = "kvlab"  # mlx-lm's per-model namespace; one adapter serves one mode
 class MlxLmLRUStore(StoreBase):
     """An adapter over ``mlx_lm.models.cache.LRUPromptCache`` (see module docstring)."""
 
-    name = "mlx_lm_lru"
+    name = "mlx-lru"
 
     def __init__(self, max_size: int = 10, *, max_bytes: int | None = None):
         self.cache = LRUPromptCache(max_size, max_bytes if max_bytes is not None else 1 << 63)
-        self.max_size = max_size
+        self.max_size, self.max_bytes = max_size, max_bytes
         self._resident: dict[tuple, tuple[int, int, int]] = {}  # (ns, ids) -> (entry id, tokens, bytes)
         self._fingerprint: str | None = None
         self._ids = itertools.count(1)
@@ -55,6 +55,10 @@ class MlxLmLRUStore(StoreBase):
     def entries(self) -> int:
         return len(self.cache)
 
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(budget_bytes=self.max_bytes)
 
     def lookup(self, key: CacheKey, tokens: Tokens, *, limit: int) -> Match:
         ns, ids = MODEL_KEY, list(key.symbols())
@@ -72,7 +76,22 @@ class MlxLmLRUStore(StoreBase):
             kind, entry = ("supersequence" if found.common_prefix >= len(ids) else "lcp"), tuple(found.longer)
         else:
             kind, entry = "prefix", tuple(found.shorter)
-        snap = replace(snapshot(cache, tokens=key.ids[:covered]), fingerprint=self._fingerprint)
+        snap = snapshot(cache, tokens=key.ids[:covered])
+        if kind in ("supersequence", "lcp"):
+            # mlx-lm cut its copy back wherever its layers say they can be cut, and a chunked
+            # cache wrongly says so (pitfall 11): hand over the entry as stored, for the reuse
+            # core to cut only where every layer can be cut exactly, else the shorter entry
+            stored = snapshot(self.cache._trie.get(ns, list(entry)).prompt_cache)
+            if not non_trimmable_layers(stored, covered):
+                snap = stored
+            elif found.shorter:
+                kind, entry, covered = "prefix", tuple(found.shorter), len(found.shorter)
+                snap = snapshot(self.cache._trie.get(ns, list(entry)).prompt_cache)
+            else:
+                snap = stored
+        # a longer entry's own ids are not the request's past the shared prefix: leave them out
+        snap = replace(snap, token_ids=key.ids[:covered] if snap.offset == covered else None,
+                       fingerprint=self._fingerprint)
         entry_id, entry_tokens, _ = self._resident.get((ns, entry), (None, len(entry), 0))
         return Match(kind, min(covered, limit), snap, entry_tokens, entry_id)
 

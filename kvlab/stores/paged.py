@@ -41,7 +41,7 @@ from ..keys import CacheKey
 from ..policies import KIND_PRIORITY, Unit, store_policy
 from ..primitives.snapshots import LayerState, Snapshot
 from ..primitives.tokens import Tokens
-from .base import EventLog, Match, StoreBase, check_budget, default_budget
+from .base import Capabilities, EventLog, Match, StoreBase, check_budget, default_budget
 
 
 @dataclass(eq=False)
@@ -78,7 +78,6 @@ class PagedStore(StoreBase):
     """
 
     name = "paged"
-    slices_kv = True
 
     def __init__(self, block_size: int = 16, num_blocks: int | None = None, *,
                  budget_bytes: int | None = None, policy="lru", policy_params: dict | None = None,
@@ -118,6 +117,11 @@ class PagedStore(StoreBase):
     def hashes(self, key: CacheKey, n: int | None = None) -> list[bytes]:
         """Chained hashes of the full blocks of ``key``'s first ``n`` tokens (all by default)."""
         return key.block_hashes(self.block_size, n)
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(block_size=self.block_size, holds=frozenset({"full"}), budget_bytes=self.budget_bytes,
+                            views=("blocks",))
 
     def lookup(self, key: CacheKey, tokens: Tokens, *, limit: int) -> Match:
         if self._unpageable:

@@ -30,7 +30,7 @@ from ..keys import CacheKey
 from ..policies import KIND_PRIORITY, Unit, store_policy
 from ..primitives.snapshots import Snapshot, compact, non_trimmable_layers
 from ..primitives.tokens import Tokens, common_prefix_len
-from .base import MISS, NON_CAPACITY_REASONS, EventLog, Match, StoreBase, check_budget, default_budget, too_big
+from .base import Capabilities, MISS, NON_CAPACITY_REASONS, EventLog, Match, StoreBase, check_budget, default_budget, too_big
 
 
 @dataclass(eq=False)
@@ -93,6 +93,10 @@ class RadixStore(StoreBase):
     @property
     def entries(self) -> int:
         return len(self._entries)
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(budget_bytes=self.budget_bytes, views=("tree", "entries"))
 
 
     def lookup(self, key: CacheKey, tokens: Tokens, *, limit: int) -> Match:

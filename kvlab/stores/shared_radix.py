@@ -45,7 +45,7 @@ from ..keys import CacheKey
 from ..policies import KIND_PRIORITY, Unit, store_policy
 from ..primitives.snapshots import Snapshot
 from ..primitives.tokens import Tokens, common_prefix_len
-from .base import EventLog, Match, StoreBase, check_budget, default_budget, too_big
+from .base import Capabilities, EventLog, Match, StoreBase, check_budget, default_budget, too_big
 from .edge_kv import cut, join, nbytes_of, why_unsliceable
 from .shared_node import Node, edge_ids, frame_of, html_of
 
@@ -59,7 +59,6 @@ class SharedRadixStore(StoreBase):
     node before it is evicted for room (a tier below could keep it)."""
 
     name = "shared-radix"
-    slices_kv = True
 
     def __init__(self, budget_bytes: int | None = None, *, policy="lru", policy_params: dict | None = None,
                  on_evict=None):
@@ -85,6 +84,10 @@ class SharedRadixStore(StoreBase):
     def entries(self) -> int:
         """Nodes holding KV (the root holds none)."""
         return len(self._nodes)
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(holds=frozenset({"full"}), budget_bytes=self.budget_bytes, views=("tree",))
 
     def lookup(self, key: CacheKey, tokens: Tokens, *, limit: int) -> Match:
         if self._unsliceable:

@@ -25,9 +25,9 @@ from dataclasses import dataclass
 from ..primitives.boundary import split_at_boundary
 from ..errors import BoundaryError
 from ..keys import CacheKey
-from ..primitives.snapshots import Snapshot, compact, trim
+from ..primitives.snapshots import Snapshot, compact, non_trimmable_layers, trim
 from ..primitives.tokens import Tokens
-from .base import EventLog, Match, StoreBase, check_budget, default_budget, too_big
+from .base import Capabilities, EventLog, Match, StoreBase, check_budget, default_budget, too_big
 
 
 @dataclass(eq=False)
@@ -52,11 +52,12 @@ class SystemEntry:
 class SystemPromptStore(StoreBase):
     """One cached system prompt (see module docstring). ``budget_bytes`` defaults to 25% of RAM."""
 
-    name = "system_prompt"
+    name = "system"
 
     def __init__(self, budget_bytes: int | None = None):
         self.budget_bytes = check_budget(budget_bytes if budget_bytes is not None else default_budget())
         self.entry: SystemEntry | None = None
+        self.refused = ""  # why the last offer could not be kept
         self.evictions = 0
         self._ids = itertools.count(1)
         self.log = EventLog()
@@ -71,12 +72,17 @@ class SystemPromptStore(StoreBase):
         return int(self.entry is not None)
 
 
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(budget_bytes=self.budget_bytes, needs_spans=True)
+
     def lookup(self, key: CacheKey, tokens: Tokens, *, limit: int) -> Match:
         cut, why = self._cut(tokens)
         if why:
             return Match("miss", why=why)
         if self.entry is None:
-            return Match("miss", why="no system prompt cached yet")
+            return Match("miss", why="no system prompt cached yet" + (f"; the last offer was refused: "
+                                                                      f"{self.refused}" if self.refused else ""))
         if key.digest(cut) != self.entry.hash:
             return Match("miss", why=f"the system prompt ({cut} tokens) differs from the cached one "
                                      f"({self.entry.tokens} tokens); it will replace it")
@@ -91,8 +97,12 @@ class SystemPromptStore(StoreBase):
         if self.entry is not None and self.entry.hash == h:
             return
         if snap.offset > cut:
-            if not snap.trimmable:
-                return  # the Engine also checkpoints non-trimmable caches at the boundary
+            bad = non_trimmable_layers(snap, cut)
+            if bad:  # a checkpoint at the boundary may still come (the Engine takes one)
+                i, cls, why = bad[0]
+                self.refused = f"layer {i} ({cls}) cannot be cut back to the system boundary at {cut}: {why}"
+                self.log.add("refuse", tokens=cut, reason=self.refused)
+                return
             snap = trim(snap, snap.offset - cut)
         snap = compact(snap)  # exact-size copies: the views would keep the request's whole buffer alive
         if snap.nbytes > self.budget_bytes:
@@ -101,7 +111,7 @@ class SystemPromptStore(StoreBase):
             old = self.entry
             self.log.add("evict", tokens=old.tokens, nbytes=old.nbytes, entry=old.id, reason="invalidated")
             self.evictions += 1
-        self.entry = SystemEntry(next(self._ids), h, cut, snap)
+        self.entry, self.refused = SystemEntry(next(self._ids), h, cut, snap), ""
         self.log.add("insert", tokens=cut, nbytes=self.entry.nbytes, entry=self.entry.id, kind="system")
 
     # -- internals --------------------------------------------------------------------------------

@@ -36,9 +36,11 @@ from ..keys import CacheKey
 from ..primitives.snapshots import Snapshot
 from ..primitives.tokens import Tokens
 from ..primitives.units import fmt_bytes
-from .base import EventLog, Match, StoreBase
+from .base import Capabilities, EventLog, Match, StoreBase
 from .disk import DiskStore
 from .disk_files import concat_blocks
+from .paged import PagedStore
+from .radix import RadixStore
 
 TIERS = ("ram", "disk")
 MAX_FLUSH_KEYS = 4096  # paged tiers remember this many recent keys to find their blocks on flush
@@ -50,7 +52,7 @@ class TieredStore(StoreBase):
     name = "tiered"
 
     def __init__(self, ram, disk: DiskStore, *, write_through: bool = False):
-        if not hasattr(ram, "on_evict"):
+        if not isinstance(ram, (RadixStore, PagedStore)):
             raise KvlabError(f"TieredStore needs a RAM store that hands over what it evicts "
                              f"(RadixStore or PagedStore), not {type(ram).__name__}")
         if ram.on_evict is not None:
@@ -58,8 +60,7 @@ class TieredStore(StoreBase):
                              "TieredStore?); give each TieredStore its own RAM store")
         if not isinstance(disk, DiskStore):
             raise KvlabError(f"TieredStore's second tier must be a kv.DiskStore, not {type(disk).__name__}")
-        self.block_size = getattr(ram, "block_size", None)
-        self.slices_kv = getattr(ram, "slices_kv", False)
+        self.block_size = ram.capabilities.block_size
         if disk.block_size != self.block_size:
             want = "None (whole entries)" if self.block_size is None else self.block_size
             raise BlockSizeError(f"a {ram.name} RAM store needs a DiskStore with block_size={want}, "
@@ -83,6 +84,11 @@ class TieredStore(StoreBase):
     def entries(self) -> int:
         """Entries (or blocks) in RAM (the disk's are ``disk.entries``)."""
         return self.ram.entries
+
+    @property
+    def capabilities(self) -> Capabilities:
+        ram = self.ram.capabilities
+        return replace(ram, tiers=("ram", "disk"))
 
     def lookup(self, key: CacheKey, tokens: Tokens, *, limit: int) -> Match:
         self.counts["lookups"] += 1
@@ -144,7 +150,7 @@ class TieredStore(StoreBase):
         if snap.nbytes > self.ram.budget_bytes:
             self.log.add("promote", tokens=snap.offset, reason="larger than the RAM budget", tier="ram")
             return
-        if self.block_size is not None and getattr(self.ram, "num_blocks", None) is not None \
+        if self.block_size is not None and isinstance(self.ram, PagedStore) and self.ram.num_blocks is not None \
                 and snap.offset // self.block_size > self.ram.num_blocks:
             self.log.add("promote", tokens=snap.offset, reason="more blocks than the RAM pool", tier="ram")
             return

@@ -25,6 +25,7 @@ import polars as pl
 from ..errors import VizError
 from ..primitives.tokens import common_prefix_len
 from ..primitives.units import fmt_bytes
+from ..stores.base import Capabilities
 from .blocks import block_grid
 from .budget import BudgetReplay
 from .curves import hit_ratio_curves
@@ -66,12 +67,13 @@ class Inspector:
             raise VizError(f"Inspector needs a kv.Engine, got {type(engine).__name__}")
         self.engine = engine
         self.store = engine.store
+        self._caps = engine.store.capabilities if engine.store is not None else Capabilities()
         model = getattr(engine, "model", None)
         self.tokenizer = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
-        self.block_size = block_size or getattr(self.store, "block_size", None)
+        self.block_size = block_size or self._caps.block_size
         self.last_error: str | None = None
         self.replays = BudgetReplay(engine, self.block_size)
-        store_budget = getattr(self.store, "budget_bytes", None)
+        store_budget = self._caps.budget_bytes
         start = budget_mb if budget_mb is not None else (store_budget or 64 * MiB) / MiB
         if not start or start <= 0:
             raise VizError(f"budget_mb must be a positive number of MiB (2**20 bytes), got {budget_mb!r}")
@@ -172,7 +174,7 @@ class Inspector:
         sync(self.figs[name], fig, self.width)
 
     def _draw_tree(self) -> None:
-        if self.store is None or not any(hasattr(self.store, m) for m in ("tree_frame", "blocks_frame")):
+        if self.store is None or not {"tree", "blocks"} & set(self._caps.views):
             fig = go.Figure()
             fig.update_layout(title="this engine has no store with a tree to show", height=200)
         else:
@@ -188,7 +190,7 @@ class Inspector:
         live = self.engine.stats()
         sim = self.resimulate(budget)
         mode = self.mode.label
-        store_budget = getattr(self.store, "budget_bytes", None)
+        store_budget = self._caps.budget_bytes
         live_at = f" (store budget {fmt_bytes(store_budget)})" if store_budget else ""
         if sim is None:
             self.sim_label.value = ("<i>budget replay: no entry has been stored yet, "
@@ -208,7 +210,7 @@ class Inspector:
         budget = self._budget_bytes()
         sim = self.resimulate(budget)
         curve = self.replays.curve(self.mode.value, 10 ** self.budget.min * MiB,
-                                   getattr(self.store, "budget_bytes", 0) or 0)
+                                   self._caps.budget_bytes or 0)
         if sim is None or curve is None:
             self._show("budget", go.Figure(layout=dict(title="budget replay: no data yet", height=200)))
             return
@@ -216,7 +218,7 @@ class Inspector:
                                title="re-simulated hit rate against budget")
         fig.add_trace(go.Scatter(x=[budget / MiB], y=[sim["token_hit_rate"]], mode="markers",
                                  name="slider", marker=dict(size=12, color="#d62728", symbol="circle")))
-        store_budget = getattr(self.store, "budget_bytes", None)
+        store_budget = self._caps.budget_bytes
         if store_budget:
             fig.add_trace(go.Scatter(x=[store_budget / MiB], y=[self.engine.stats()["token_hit_rate"]],
                                      mode="markers", name="live",
@@ -261,9 +263,9 @@ class Inspector:
             entry = hit["entry"][0] if hit.height else None
             if entry is None:
                 return None, f"request #{rid} reused no entry"
-            if hasattr(self.store, "blocks_frame"):
+            if "blocks" in self._caps.views:
                 # a paged hit names its last block's id; its events are keyed by the block's hash
-                blocks = self.store.blocks_frame().filter(pl.col("block") == int(entry))
+                blocks = self.store.frame("blocks").filter(pl.col("block") == int(entry))
                 entry = blocks["hash"][0] if blocks.height else entry
             ins = ev.filter((pl.col("event").is_in(["insert", "block_stored"])) & (pl.col("entry") == entry))
             src = ins["request"][0] if ins.height else None

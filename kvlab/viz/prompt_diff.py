@@ -23,7 +23,7 @@ def prompt_tokens(x, tokenizer, name: str) -> Tokens:
     """A divergence side as Tokens: Tokens, an engine Result (its prompt ids), token ids, text or
     messages (tokenised with ``tokenizer``, a model or tokenizer). Raw ids get ChatML message
     spans when the tokenizer has ``<|im_start|>``. An empty sequence is an empty side."""
-    from ..engine import Result
+    from ..result import Result
 
     if isinstance(x, Result):
         x = x.prompt_ids

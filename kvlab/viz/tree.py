@@ -10,21 +10,24 @@ import plotly.graph_objects as go
 import polars as pl
 
 from ..errors import VizError
+from ..engine import Engine
 from ..primitives.tokens import hf_tokenizer
+from ..stores.base import Store
 from .common import as_frame, empty, need, tokenizer_from, visible
 
 
 def _tree_frame(x) -> pl.DataFrame:
-    for method in ("tree_frame", "blocks_frame"):
-        if hasattr(x, method):
-            return getattr(x, method)()
-    if hasattr(x, "store") and x.store is not None:
-        return _tree_frame(x.store)
-    try:
+    if isinstance(x, pl.DataFrame):
         return as_frame(x, "prefix_tree's input")
-    except VizError:
-        raise VizError(f"prefix_tree takes a store with tree_frame() (RadixStore, PagedStore), an "
-                       f"Engine, or the tree frame itself; got {type(x).__name__}") from None
+    store = x.store if isinstance(x, Engine) else x
+    if isinstance(store, Store):
+        views = store.capabilities.views
+        for view in ("tree", "blocks"):
+            if view in views:
+                return store.frame(view)
+    raise VizError(f"prefix_tree takes a store whose capabilities list a tree or blocks view (its "
+                   f"tree_frame or blocks_frame: RadixStore, PagedStore, SharedRadixStore), an Engine, "
+                   f"or the tree frame itself; got {type(x).__name__}")
 
 
 def _normalise_tree(frame: pl.DataFrame) -> pl.DataFrame:

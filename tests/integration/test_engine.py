@@ -16,12 +16,6 @@ TOL = 1e-4  # float32 tiny models; measured ~1e-5 (the prompt is split into diff
 
 
 @pytest.fixture(scope="module")
-def tiny_hybrid():
-    """lfm2 with conv (ArraysCache) and attention layers: its cache cannot be trimmed."""
-    return kv.load("tiny-hybrid")
-
-
-@pytest.fixture(scope="module")
 def conversation():
     return list(kv.workloads.multi_turn(turns=3))
 
@@ -119,10 +113,11 @@ def test_events_and_stats(tiny, conversation):
     ev = engine.events
     assert ev.columns == ["request", "event", "tokens", "bytes", "entry", "t", "detail"]
     # one miss row per reason: the new tokens, and the last token (always recomputed)
-    assert ev["event"].to_list() == ["lookup", "miss", "miss", "insert",
-                                     "lookup", "hit", "miss", "miss", "insert", "evict",
-                                     "lookup", "hit", "miss", "miss", "insert", "evict"]
-    assert ev["request"].to_list() == [1] * 4 + [2] * 6 + [3] * 6
+    # the core's schema (kvlab.reuse), the server's too: every insert is preceded by its offer
+    assert ev["event"].to_list() == ["lookup", "miss", "miss", "offer", "insert",
+                                     "lookup", "hit", "miss", "miss", "offer", "insert", "evict",
+                                     "lookup", "hit", "miss", "miss", "offer", "insert", "evict"]
+    assert ev["request"].to_list() == [1] * 5 + [2] * 7 + [3] * 7
     misses = ev.filter(ev["event"] == "miss")
     assert misses["detail"].to_list() == ["first_seen", "partial_block"] * 3
     assert misses.group_by("request").agg(pl.col("tokens").sum()).sort("request")["tokens"].to_list() == [
@@ -235,7 +230,7 @@ def test_budget_smaller_than_one_entry(tiny, conversation):
     with pytest.raises(BudgetError, match=r"radix: one entry needs \d+ bytes but the budget is 4096 "
                                           r"bytes; raise budget_bytes"):
         kv.Engine(tiny, kv.RadixStore(budget_bytes=4096)).run(conversation[0], max_tokens=1)
-    with pytest.raises(BudgetError, match=r"system_prompt: one entry needs \d+ bytes"):
+    with pytest.raises(BudgetError, match=r"system: one entry needs \d+ bytes"):
         kv.Engine(tiny, kv.SystemPromptStore(budget_bytes=4096)).run(conversation[0], max_tokens=1)
     with pytest.raises(BudgetError, match="must be a positive int"):
         kv.RadixStore(budget_bytes=0)

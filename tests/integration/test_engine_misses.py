@@ -26,11 +26,6 @@ B = tuple(int(x) for x in RNG.integers(100, 5000, 60))
 C = A[:30] + tuple(int(x) for x in RNG.integers(100, 5000, 30))  # A's first 30, then its own
 
 
-@pytest.fixture(scope="module")
-def tiny_hybrid():
-    return kv.load("tiny-hybrid")
-
-
 def nonzero(result) -> dict:
     return {k: v for k, v in result.miss_reasons.items() if v}
 

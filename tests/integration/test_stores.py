@@ -305,12 +305,6 @@ def test_embedded_conversation_and_agent_loop(smol):
         assert all(r.verify_diff <= TOL_EMBEDDED for r in results)
 
 
-@pytest.fixture(scope="module")
-def tiny_hybrid():
-    """lfm2 with conv (ArraysCache) and attention layers: its cache cannot be trimmed."""
-    return kv.load("tiny-hybrid")
-
-
 @pytest.mark.parametrize("store", list(STORES))
 def test_stores_show_themselves(tiny, store, conversation):
     engine, _, _ = run(tiny, store, conversation[:2])

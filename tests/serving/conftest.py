@@ -8,14 +8,15 @@ EOS = (151645, 151643)  # Qwen3's end tokens
 
 @pytest.fixture
 def start(tiny):
-    """start(store, **kw) -> a running kv.Server on loopback; all are stopped after the test."""
+    """start(store, model=tiny, **kw) -> a running kv.Server on loopback; all are stopped after
+    the test."""
     import kvlab as kv
 
     servers = []
 
-    def _start(store="radix", **kw):
+    def _start(store="radix", model=None, **kw):
         kw.setdefault("api_key", "")  # "" = no key, whatever $KVLAB_API_KEY says
-        server = kv.serve(tiny, store, **kw)
+        server = kv.serve(model or tiny, store, **kw)
         servers.append(server)
         return server
 

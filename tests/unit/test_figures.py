@@ -12,6 +12,7 @@ import kvlab as kv
 pytest.importorskip("plotly")
 
 from kvlab import viz  # noqa: E402
+from kvlab.stores.base import Capabilities, StoreBase  # noqa: E402
 from kvlab.viz import VizError  # noqa: E402
 from kvlab.primitives.tokens import from_ids  # noqa: E402
 from kvlab.viz.blocks import block_states, request_rows  # noqa: E402
@@ -114,7 +115,16 @@ def test_prefix_tree_recency_and_no_tokenizer():
 
 
 def test_prefix_tree_from_paged_blocks_frame_adds_one_root():
-    class Paged:  # what PagedStore.blocks_frame() returns
+    class Paged(StoreBase):  # a store that declares a blocks view, drawn as PagedStore's is
+        name, nbytes, entries = "paged-like", 0, 0
+        capabilities = Capabilities(block_size=2, views=("blocks",))
+
+        def lookup(self, key, tokens, *, limit):
+            raise NotImplementedError
+
+        def insert(self, key, tokens, snap, *, kind="prompt"):
+            raise NotImplementedError
+
         def blocks_frame(self):
             return pl.DataFrame({"block": [1, 2, 3], "hash": ["a", "b", "c"],
                                  "parent": [None, "a", None], "token_ids": [[0, 1], [2, 3], [0, 10]],

@@ -1,0 +1,122 @@
+"""Snapshot files: ``save`` writes a snapshot to safetensors (never pickle, atomically), and
+``load_snapshot`` reads it back, refusing another model's file, a corrupt or truncated one, a newer
+format or KV of another format.
+
+Example:
+    >>> kv.save(snap, "system.safetensors", model=m)
+    >>> kv.load_snapshot("system.safetensors", m).offset
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+
+import mlx.core as mx
+from mlx.utils import tree_flatten
+
+from ..errors import SnapshotError, SnapshotFileError
+from .kv_format import kv_format as format_of
+from .snapshots import FORMAT_VERSION, LayerState, Snapshot, ids_of
+from .statefile import digest, rebuild, structure
+
+
+def save(snap: Snapshot, path, tokens=None, *, model=None) -> str:
+    """Write the snapshot to a safetensors file (never pickle); atomic: a failed save leaves no file.
+
+    Metadata: format version, model fingerprint, token ids, layer classes, the KV format ("float32",
+    "q4g64": quantized arrays, scales and biases are written as they are), a digest of it all.
+
+    Example:
+        >>> kv.save(snap, "system.safetensors", tokens=toks, model=m)
+    """
+    fingerprint = getattr(model, "fingerprint", None) or snap.fingerprint
+    if fingerprint is None:
+        raise SnapshotError("save() needs to know the model: pass model=... (or snapshot with "
+                            "model=...) so the file can refuse to load into another model")
+    ids = ids_of(tokens) if tokens is not None else snap.token_ids
+    arrays, layers_meta = {}, []
+    for i, layer in enumerate(snap.layers):
+        flat = tree_flatten(layer.state)
+        scalars = {}
+        for key, value in flat:
+            if isinstance(value, mx.array):
+                arrays[f"{i}.{key}"] = value
+            else:
+                scalars[key] = value
+        layers_meta.append({"kind": layer.kind, "tokens": layer.tokens, "nbytes": layer.nbytes,
+                            "keys": [k for k, _ in flat], "scalars": scalars,
+                            "structure": structure(layer.state)})
+    metadata = {
+        "kvlab_format": str(FORMAT_VERSION),
+        "fingerprint": fingerprint,
+        "offset": str(snap.offset),
+        "token_ids": json.dumps(list(ids) if ids is not None else None),
+        "layers": json.dumps(layers_meta),
+        "kv_format": format_of(snap),
+    }
+    metadata["digest"] = digest(arrays, json.dumps(metadata, sort_keys=True))
+    path = os.fspath(path)
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise SnapshotFileError(f"cannot save to {path}: the folder {folder} does not exist; create it "
+                            "first (os.makedirs) or pick another path")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".kvlab-", suffix=".safetensors", dir=folder)
+    except OSError as e:
+        raise SnapshotFileError(f"cannot save to {path}: {e.strerror} in {folder}") from e
+    os.close(fd)
+    try:
+        mx.save_safetensors(tmp, arrays, metadata)
+        os.replace(tmp, path)
+    except BaseException as e:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        if isinstance(e, OSError):
+            raise SnapshotFileError(f"cannot save to {path}: {e}") from e
+        raise
+    return path
+
+
+def load_snapshot(path, model, *, kv_format: str | None = None) -> Snapshot:
+    """Read a snapshot written by ``kv.save``; refuse another model's file, a corrupt or truncated
+    file, a newer format and (given ``kv_format``, e.g. "q4g64" or "float32") KV of another
+    format, each with a clear error.
+
+    Example:
+        >>> snap = kv.load_snapshot("system.safetensors", m, kv_format="float32")
+    """
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise SnapshotError(f"no snapshot file at {path}")
+    try:
+        arrays, meta = mx.load(path, return_metadata=True)
+    except Exception as e:  # MLX raises RuntimeError/ValueError for unreadable files
+        raise SnapshotError(f"{path} is not a readable safetensors file (corrupt or truncated?): {e}") from e
+    if "kvlab_format" not in meta:
+        raise SnapshotError(f"{path} is a safetensors file but not a kvlab snapshot (no kvlab_format)")
+    version = int(meta["kvlab_format"])
+    if version > FORMAT_VERSION:
+        raise SnapshotError(f"{path} has snapshot format {version}, newer than this kvlab's "
+                            f"{FORMAT_VERSION}: upgrade kvlab to read it")
+    expected = getattr(model, "fingerprint", None)
+    if meta["fingerprint"] != expected:
+        raise SnapshotError(f"{path} was made by model {meta['fingerprint'][:12]}, not by the model "
+                            f"you passed ({str(expected)[:12]}): KV from another model is meaningless")
+    signed = json.dumps({k: v for k, v in meta.items() if k != "digest"}, sort_keys=True) if version > 1 else ""
+    if digest(arrays, signed) != meta.get("digest"):
+        raise SnapshotError(f"{path} is corrupt: its data does not match the digest written with it")
+    layers = []
+    for i, lm in enumerate(json.loads(meta["layers"])):
+        flat = {k: arrays[f"{i}.{k}"] for k in lm["keys"] if f"{i}.{k}" in arrays}
+        flat.update(lm["scalars"])
+        state = rebuild(lm["structure"], flat, "")
+        layers.append(LayerState(lm["kind"], state, lm["tokens"], lm["nbytes"]))
+    ids = json.loads(meta["token_ids"])
+    snap = Snapshot(tuple(layers), int(meta["offset"]), tuple(ids) if ids is not None else None,
+                    meta["fingerprint"])
+    if kv_format is not None and format_of(snap) != kv_format:
+        raise SnapshotError(f"{path} holds {format_of(snap)} KV, not the {kv_format} asked for: float "
+                            "and quantized KV of one model are not interchangeable")
+    return snap

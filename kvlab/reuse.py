@@ -1,0 +1,191 @@
+"""PrefixCache: the one reuse pipeline, shared by the Engine and kvlab's server.
+
+From a key to what to restore and why the rest missed: store lookup -> same-model check -> cut the
+matched snapshot back to the match, if every layer can be cut there exactly (the cache layout
+decides, ``kvlab.primitives.layout``) -> KV-format check -> fresh cache objects -> a reason for
+every missed token. From a finished cache to what the store keeps: snapshot -> cut to the ids it
+covers -> insert. Every state change, the store's included, becomes one event row in one schema
+(``EVENT_COLUMNS``), sent to the ``emit`` callback of whoever runs requests.
+
+Events (``event`` column; ``detail`` says more):
+
+- ``lookup``: a request's lookup (tokens: prompt tokens; detail: the store's match kind);
+- ``hit``: tokens restored (entry: the store entry; detail: the match kind);
+- ``miss``: missed tokens, one row per reason (detail: the reason, ``kvlab.policies.reasons``);
+- ``refused``: a match that could not be restored exactly (tokens; detail: the layer and why);
+- ``offer``: a cache offered to the store (tokens; detail: the insert kind);
+- ``offer_refused``: a cache that could not be cut to the ids it was offered with (detail: why);
+- the store's own: ``insert``, ``evict``, ``block_stored``, ``block_removed``, ``refuse`` (an
+  offer it could not keep: the cache cannot be cut where it would keep it), ``tier_hit``,
+  ``promote``, ``demote``, ``persist``, ``corrupt`` (detail: kind, reason or tier).
+
+Example:
+    >>> core = PrefixCache(kv.RadixStore(), m, emit=print)
+    >>> found = core.lookup(1, key, toks, limit=len(toks.ids) - 1)
+    >>> found.cache, found.reused, found.missed.reasons
+    >>> core.offer(1, key, toks, kv.snapshot(cache, tokens=toks.ids, model=m), kind="prompt")
+    >>> core.drain(1, key)  # the store's events, also sent to emit
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+
+from .errors import NotTrimmableError, SnapshotError
+from .keys import CacheKey
+from .miss_reasons import Explained, MissIndex
+from .primitives.kv_format import check_reusable
+from .primitives.snapshots import Snapshot, restore, trim
+from .stores.base import MISS, Match, StoreEvent
+
+EVENT_COLUMNS = ("request", "event", "tokens", "bytes", "entry", "detail")
+
+
+@dataclass(frozen=True)
+class Reuse:
+    """What a lookup restores (``cache``: fresh mlx-lm cache objects holding the first
+    ``reused`` tokens, None to start cold) and why the rest missed (``missed``). ``match`` is the
+    store's answer as it came; ``refused`` the tokens it offered that could not be restored
+    exactly (``why`` names the layer)."""
+
+    key: CacheKey
+    cache: list | None
+    reused: int
+    match: Match
+    why: str
+    missed: Explained
+    refused: int = 0
+    lookup_s: float = 0.0
+    restore_s: float = 0.0
+
+    @property
+    def kind(self) -> str:
+        """The match kind, or ``miss`` when nothing was restored."""
+        return self.match.kind if self.reused else "miss"
+
+    def __repr__(self) -> str:
+        return f"Reuse({self.kind}: {self.reused} tokens{', ' + self.why if self.why else ''})"
+
+    def _repr_html_(self) -> str:
+        import html
+
+        return f"<code>{html.escape(repr(self))}</code>"
+
+
+class PrefixCache:
+    """A store, the model its KV belongs to, and the rules for reusing it (module docstring).
+
+    ``store`` is any ``kvlab.stores.Store`` (None: no caching). ``model`` gives the cache layout
+    and the fingerprint that KV must carry. ``kv`` holds the KV quantization settings
+    (``kv_bits``, ``kv_group_size``, ``quantized_kv_start``) that restored KV must match.
+    ``emit(request, event, tokens, nbytes, entry, detail, **extra)`` receives every event row.
+    """
+
+    def __init__(self, store, model, *, kv: dict | None = None, emit=None):
+        self.store = store
+        self.model = model
+        self.layout = model.layout
+        self.kv = {"kv_bits": None, **(kv or {})}  # float KV unless told otherwise
+        self.emit = emit or (lambda *a, **k: None)
+        caps = store.capabilities if store is not None else None
+        # a store that cannot hold this model's cache at all (paged and a hybrid model)
+        self.store_refuses = caps.refuses(self.layout) if caps is not None else None
+        self.misses = MissIndex(caps.block_size if caps else None, unstorable=self.store_refuses is not None)
+
+    @property
+    def needs_spans(self) -> bool:
+        return self.store is not None and self.store.capabilities.needs_spans
+
+    # -- lookup -----------------------------------------------------------------------------------
+    def lookup(self, request, key: CacheKey, tokens, *, limit: int) -> Reuse:
+        """What to restore for ``key`` (at most ``limit`` tokens: one less than the prompt, whose
+        last token is always recomputed) and why every other token missed."""
+        start = time.perf_counter()
+        match, why = MISS, ""
+        if self.store is None:
+            why = "no store"
+        elif limit < 1:
+            why = "a one-token prompt has nothing to reuse: its last token is always recomputed"
+        else:
+            match = self.store.lookup(key, tokens, limit=limit)
+            why = match.why
+        lookup_s = time.perf_counter() - start
+        self.emit(request, "lookup", len(key.ids), 0, None, match.kind)
+        t = time.perf_counter()
+        cache, reused, refused = None, 0, 0
+        if match.snapshot is not None and match.tokens > 0:
+            try:
+                cache = restore(self._restorable(match.snapshot, match.tokens))
+                reused = match.tokens
+            except NotTrimmableError as e:
+                refused, why = match.tokens, f"could not trim the matched entry: {e}"
+                self.emit(request, "refused", refused, 0, match.entry_id, str(e))
+        restore_s = time.perf_counter() - t
+        untrimmable = not self.layout.restores_anywhere or refused > 0
+        missed = self.misses.explain(key, reused, untrimmable=untrimmable, refused=refused)
+        if reused:
+            self.emit(request, "hit", reused, 0, match.entry_id, match.kind)
+        for reason, n in missed.reasons.items():
+            if n:
+                self.emit(request, "miss", n, 0, None, reason)
+        return Reuse(key, cache, reused, match, why, missed, refused, lookup_s, restore_s)
+
+    def _restorable(self, snap: Snapshot, tokens: int) -> Snapshot:
+        """``snap`` cut to its first ``tokens`` tokens, checked to be this model's KV in this
+        engine's format; NotTrimmableError when a layer cannot be cut there exactly."""
+        mine = self.model.fingerprint
+        if snap.fingerprint is not None and snap.fingerprint != mine:
+            raise SnapshotError(f"the store returned KV made by model {snap.fingerprint[:12]}, but "
+                                f"this model is {mine[:12]}: KV from another model is meaningless; "
+                                "give each model its own store")
+        if snap.offset > tokens:
+            snap = trim(snap, snap.offset - tokens)
+        check_reusable(snap, **self.kv)
+        return snap
+
+    # -- insert -----------------------------------------------------------------------------------
+    def offer(self, request, key: CacheKey, tokens, snap: Snapshot, *, kind: str = "prompt", **extra) -> bool:
+        """Offer the KV of ``key``'s ids to the store. A cache that ran past the ids it is
+        offered with is cut back to them first; if a layer cannot be cut there, nothing is
+        offered (an ``offer_refused`` row says which layer). True when the store was offered it."""
+        if self.store is None:
+            return False
+        n = len(key.ids)
+        self.emit(request, "offer", n, 0, None, kind, **extra)
+        if snap.offset > n:
+            try:
+                snap = trim(snap, snap.offset - n)
+            except NotTrimmableError as e:
+                self.emit(request, "offer_refused", n, 0, None, str(e), **extra)
+                return False
+        if snap.offset < 1:
+            self.emit(request, "offer_refused", n, 0, None, "the cache says it holds no tokens", **extra)
+            return False
+        if snap.offset < n:  # a cache that has not run the last ids yet covers only its own
+            key = key.prefix(snap.offset)
+        if snap.token_ids != key.ids:
+            snap = replace(snap, token_ids=key.ids)
+        self.store.insert(key, tokens, snap, kind=kind)
+        return True
+
+    def drain(self, request, key: CacheKey, *, offered: bool = True, **extra) -> list[StoreEvent]:
+        """Move the store's events into the stream and the miss memory (``key``: the longest key
+        the request inserted since the last drain; ``offered``: whether it was offered to the
+        store); returns them."""
+        if self.store is None:
+            return []
+        events = self.store.drain_events()
+        for ev in events:
+            self.emit(request, ev.event, ev.tokens, ev.nbytes, ev.entry, ev.detail, **extra)
+        self.misses.record(-1 if request is None else request, key, events, offered=key if offered else None)
+        return events
+
+    def __repr__(self) -> str:
+        name = "none" if self.store is None else self.store.name
+        return f"PrefixCache({name}, {self.layout.summary()})"
+
+    def _repr_html_(self) -> str:
+        import html
+
+        return f"<code>{html.escape(repr(self))}</code>"

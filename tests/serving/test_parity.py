@@ -1,0 +1,92 @@
+"""The Engine and `kvlab serve` run one reuse core (kvlab.reuse): the same requests through both,
+for every store, reuse the same tokens, miss the others for the same reasons and leave the store
+holding the same bytes after every request.
+
+The Engine is set up as mlx-lm's server runs a request: it keys prompt + output (mlx-lm inserts
+prompt + output when a request finishes) and snapshots the prompt at mlx-lm's segment ends
+(``checkpoints="segment_ends"``: the end of the system segment and n - 1), so what mlx-lm adds is
+inserted on both sides. The requests: two users sharing a system prompt, a continuation, a branch
+(the same history with another reply) and a repeat.
+
+Mutants caught (each checked by hand): the adapter keying without message spans (the system
+store reuses nothing when served), the adapter looking up n tokens instead of n - 1 (served reuse
+differs on every repeat)."""
+
+import time
+
+import polars as pl
+import pytest
+
+import kvlab as kv
+
+pytestmark = [pytest.mark.serving, pytest.mark.model]
+
+STORES = ["radix", "shared-radix", "paged", "system", "mlx-lru", "disk", "tiered"]
+SYSTEM = ("You are a careful assistant for a research lab. Answer in one short sentence, cite no "
+          "sources, and never use lists. ") * 2
+MAX_TOKENS = 3
+
+
+def _conversations():
+    sys = {"role": "system", "content": SYSTEM}
+    a = [sys, {"role": "user", "content": "What is a prefix cache?"}]
+    b = [sys, {"role": "user", "content": "Why do caches miss?"}]
+    follow = {"role": "user", "content": "And a radix tree?"}
+    c = a + [{"role": "assistant", "content": "Saved attention keys and values."}, follow]
+    d = a + [{"role": "assistant", "content": "A memo of earlier prompts."}, follow]
+    return [a, b, c, d, a]
+
+
+def _store(name, model, folder):
+    if name in ("disk", "tiered"):
+        return kv.make_store(name, disk_path=folder, model=model)
+    return kv.make_store(name)
+
+
+def _wait_for_final_insert(server, request: int, deadline_s: float = 120.0) -> None:
+    """mlx-lm inserts prompt + output on its generation thread after the response is sent: wait
+    for that offer's row (an event, not a guess at timing). The row is written under the
+    adapter's lock, which the insert keeps until it is done."""
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        ev = server.events
+        done = ev.filter((pl.col("request") == request) & (pl.col("event") == "offer")
+                         & (pl.col("segment") == "assistant"))
+        if done.height:
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"request {request}: mlx-lm's final insert never came")
+
+
+@pytest.mark.parametrize("family", ["tiny", "tiny_hybrid"])
+@pytest.mark.parametrize("name", STORES)
+def test_engine_and_server_reuse_alike(request, start, client, no_eos, tmp_path, name, family):
+    model = request.getfixturevalue(family)
+    engine = kv.Engine(model, _store(name, model, tmp_path / "engine"), keying="prompt+output",
+                       checkpoints="segment_ends", max_tokens=MAX_TOKENS)
+    server = start(_store(name, model, tmp_path / "server"), model=model)
+    c = client(server)
+    engine_bytes, server_bytes = [], []
+    for i, msgs in enumerate(_conversations(), start=1):
+        engine.run(msgs)
+        engine_bytes.append(engine.store.nbytes)
+        c.chat.completions.create(model="tiny", messages=msgs, max_tokens=MAX_TOKENS, temperature=0,
+                                  logit_bias=no_eos)
+        _wait_for_final_insert(server, i)
+        server_bytes.append(server.adapter.nbytes)  # under the lock the insert holds: after it
+    served = sorted(server.results, key=lambda r: r.request_id)
+    assert [r.prompt_ids for r in engine.results] == [r.prompt_ids for r in served]
+    # greedy on both sides: the same outputs, so the same prompt + output inserts
+    assert [r.output_ids for r in engine.results] == [r.output_ids for r in served]
+    reused = [r.reused_tokens for r in engine.results]
+    assert reused == [r.reused_tokens for r in served]
+    assert [r.miss_reasons for r in engine.results] == [r.miss_reasons for r in served]
+    assert engine_bytes == server_bytes
+    # paged and shared-radix hold full KV only; mlx-lm's segments end after the user turn's header,
+    # not at the system boundary, where the system store needs a hybrid cache: both refuse, and say so
+    refused = engine.store.capabilities.refuses(model.layout) or (name, family) == ("system", "tiny_hybrid")
+    if refused:
+        assert reused == [0] * 5 and all(r.miss_reasons["not_trimmable"] for r in served[1:])
+    else:  # every later request reuses (the system prompt at least)
+        assert reused[0] == 0 and all(n > 0 for n in reused[1:]), reused
+    assert server.invariants()["ok"], server.invariants()
