@@ -61,7 +61,19 @@ class MlxLmLRUStore(StoreBase):
         return Capabilities(budget_bytes=self.max_bytes)
 
     def lookup(self, key: CacheKey, tokens: Tokens, *, limit: int) -> Match:
-        ns, ids = MODEL_KEY, list(key.symbols())
+        symbols = list(key.symbols())
+        match = self._lookup(key, symbols, limit)
+        snap = match.snapshot
+        if snap is not None and limit < len(symbols) and non_trimmable_layers(snap, match.tokens):
+            # an entry of the whole prompt that cannot be cut back to the limit: an entry ending
+            # there (a checkpoint at n - 1) can serve instead
+            shorter = self._lookup(key, symbols[:limit], limit)
+            if shorter.tokens:
+                return shorter
+        return match
+
+    def _lookup(self, key: CacheKey, ids: list, limit: int) -> Match:
+        ns = MODEL_KEY
         # mlx-lm's answer does not say which branch it took; its trie's search does (read-only)
         found = self.cache._trie.search(ns, ids)
         cache, rest = self.cache.fetch_nearest_cache(ns, ids)
@@ -82,7 +94,7 @@ class MlxLmLRUStore(StoreBase):
             # cache wrongly says so (pitfall 11): hand over the entry as stored, for the reuse
             # core to cut only where every layer can be cut exactly, else the shorter entry
             stored = snapshot(self.cache._trie.get(ns, list(entry)).prompt_cache)
-            if not non_trimmable_layers(stored, covered):
+            if not non_trimmable_layers(stored, min(covered, limit)):
                 snap = stored
             elif found.shorter:
                 kind, entry, covered = "prefix", tuple(found.shorter), len(found.shorter)

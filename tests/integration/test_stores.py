@@ -258,6 +258,18 @@ def test_mlx_lm_lru_kinds_and_deep_copies(tiny, repetition):
     assert ev.filter(ev["event"] == "evict")["detail"].to_list().count("subsumed") >= 1
 
 
+def test_mlx_lm_lru_serves_a_hybrid_repeat_from_its_checkpoint(tiny_hybrid):
+    """mlx-lm's LRU answers an identical prompt with the entry of the whole prompt, which a hybrid
+    cache cannot be cut back from; the store then serves the checkpoint at n - 1 instead. Mutant
+    caught: without that second look, the repeat reuses nothing (the core refuses the cut)."""
+    msgs = [{"role": "system", "content": "You are a careful assistant. " * 12},
+            {"role": "user", "content": "What is a prefix cache?"}]
+    engine = kv.Engine(tiny_hybrid, kv.MlxLmLRUStore(max_size=10), verify=True)
+    first, again = engine.run(msgs, max_tokens=2), engine.run(msgs, max_tokens=2)
+    assert (again.match, again.reused_tokens) == ("exact", first.prompt_tokens - 1)
+    assert again.verify_diff <= TOL
+
+
 def test_mlx_lm_lru_max_size_evicts(tiny, repetition):
     store = kv.MlxLmLRUStore(max_size=2)
     engine = kv.Engine(tiny, store)
