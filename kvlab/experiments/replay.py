@@ -69,7 +69,7 @@ class Replay:
 
     def __repr__(self) -> str:
         budget = "store default" if self.budget_bytes is None else fmt_bytes(self.budget_bytes)
-        name = getattr(self.store, "name", type(self.store).__name__)
+        name = self.store.name
         return (f"Replay({name} at {budget}: {len(self.reused)} prompts, token hit "
                 f"{self.token_hit_rate:.1%}, request hit {self.request_hit_rate:.1%})")
 
