@@ -25,7 +25,6 @@ Example:
 
 from __future__ import annotations
 
-import html
 import itertools
 import statistics
 import tempfile
@@ -37,6 +36,7 @@ import polars as pl
 
 from ..errors import KvlabError
 from ..keys import CacheKey
+from ..primitives.display import summary_html, table_html
 from ..primitives.snapshots import prefill, restore, snapshot
 from ..stores.disk import DiskStore
 
@@ -107,7 +107,8 @@ class CostModel:
                 f"{self.mape_holdout:.1%} on {self.points.filter(pl.col('split') == 'holdout').height} points)")
 
     def _repr_html_(self) -> str:
-        return f"<div><b>CostModel</b> {html.escape(repr(self)[10:-1])}</div>" + self.points._repr_html_()
+        return summary_html("CostModel", repr(self)[10:-1],
+                            body=table_html(self.points.columns, self.points.rows()))
 
 
 def fit(model, *, cached=(0, 256, 1024, 2048), new=(16, 64, 256, 1024), holdout: int = 6,

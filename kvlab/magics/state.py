@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import html
 from dataclasses import dataclass, field
 from typing import Any
 
 from IPython.core.error import UsageError
+
+from ..primitives.display import summary_html
 
 DEFAULT_MAX_TOKENS = 16
 
@@ -31,7 +32,7 @@ class State:
         return f"State(model={self.model!r}, engine={self.engine!r})"
 
     def _repr_html_(self) -> str:
-        return f"<code>{html.escape(repr(self))}</code>"
+        return summary_html(repr(self), code=True)
 
     def evaluate(self, expr: str, local_ns=None):
         """``expr`` evaluated in the notebook's namespace (a name, or a quoted expression)."""

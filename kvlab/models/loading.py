@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
-import html
 import importlib.util
 import json
 import os
@@ -35,6 +34,7 @@ from . import gguf  # noqa: E402
 from ..errors import KvlabError, ModelNotFoundError  # noqa: E402
 from .folders import (TOKENIZER_FILES, digest_files, ensure_folder,  # noqa: E402
                       kvlab_home, read_manifest, sha256_json)
+from ..primitives.display import table_html  # noqa: E402
 from ..primitives.tokens import Tokens, check_ids, tokenise_text, vocab_limit  # noqa: E402
 
 DTYPES = ("float16", "bfloat16", "float32")
@@ -128,13 +128,12 @@ class Model:
 
     def __repr__(self) -> str:
         f = self._fields()
-        return (f"Model({f['name']!r}, {f['arch']}, {f['layers']} layers, {f['params']} params, "
-                f"{f['dtype']}, context {f['context']}, fingerprint {f['fingerprint']})")
+        return (f"{type(self).__name__}({f['name']!r}, {f['arch']}, {f['layers']} layers, {f['params']} "
+                f"params, {f['dtype']}, context {f['context']}, fingerprint {f['fingerprint']})")
 
     def _repr_html_(self) -> str:
-        rows = "".join(f"<tr><th style='text-align:left'>{k}</th>"
-                       f"<td>{html.escape(str(v))}</td></tr>" for k, v in self._fields().items())
-        return f"<table><caption>kvlab Model</caption>{rows}</table>"
+        return table_html(None, self._fields().items(), row_headers=True,
+                          caption=f"kvlab {type(self).__name__}")
 
 
 def fingerprint(model: Model) -> str:

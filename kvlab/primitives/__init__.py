@@ -9,4 +9,5 @@
 - ``divergence``: where two prompts stop sharing tokens, and why
 - ``volatile`` / ``normalisation``: fields that change per request, and the rules that strip them
 - ``units`` / ``statefile``: byte and token formatting; the safetensors state file format
+- ``display`` / ``files``: the summary line and table every ``_repr_html_`` is made of; atomic writes
 """

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence, runtime_checkable
 
 from ..errors import TemplateError, TokenIdError
+from .display import Html, summary_html
 
 KNOWN_ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})
 ROLE_COLOURS = {
@@ -97,8 +98,8 @@ class Tokens:
         legend = " ".join(
             f'<span style="background:{ROLE_COLOURS.get(s.role, "#fff")}">{s.index}:{s.role} '
             f"[{s.token_start}:{s.token_end})</span>" for s in self.spans)
-        return (f"<div><b>Tokens</b> {len(self.ids)} ids · {legend}<br>"
-                f'<div style="white-space:pre-wrap;line-height:1.6">{"".join(cells)}{more}</div></div>')
+        strip = f'<div style="white-space:pre-wrap;line-height:1.6">{"".join(cells)}{more}</div>'
+        return summary_html("Tokens", f"{len(self.ids)} ids", Html(legend), body=strip)
 
 
 @runtime_checkable

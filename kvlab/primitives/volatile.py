@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from difflib import SequenceMatcher
 from typing import Sequence
 
+from .display import Html, summary_html, table_html
 from .divergence import clipped, piece_html
 from ..errors import TemplateError
 from .tokens import Tokens, tokenise
@@ -65,15 +66,13 @@ class VolatileFields(list):
         return f"VolatileFields({len(self)}: {names})"
 
     def _repr_html_(self) -> str:
-        head = ("<tr><th>field</th><th>message</th><th>role</th><th>chars</th><th>tokens</th>"
-                "<th>values</th></tr>")
-        rows = "".join(
-            f"<tr><td><b>{html.escape(f.name or '?')}</b></td><td>{f.message_index}</td>"
-            f"<td>{html.escape(str(f.role))}</td><td>{f.char_start}:{f.char_end}</td>"
-            f"<td>{'' if f.token_start is None else f'{f.token_start}:{f.token_end}'}</td>"
-            f"<td style=\"font-family:monospace\">"
-            f"{' · '.join(piece_html(v) for v in f.examples[:5])}</td></tr>" for f in self)
-        return f"<div><b>{len(self)} volatile field(s)</b><table>{head}{rows}</table></div>"
+        rows = [(Html(f"<b>{html.escape(f.name or '?')}</b>"), f.message_index, f.role,
+                 f"{f.char_start}:{f.char_end}",
+                 "" if f.token_start is None else f"{f.token_start}:{f.token_end}",
+                 Html(f'<span style="font-family:monospace">'
+                      f"{' · '.join(piece_html(v) for v in f.examples[:5])}</span>")) for f in self]
+        table = table_html(("field", "message", "role", "chars", "tokens", "values"), rows)
+        return summary_html(f"{len(self)} volatile field(s)", body=table)
 
 
 # characters that end a value: `cch=eb6c6;` -> the value is `eb6c6`

@@ -14,7 +14,6 @@ Example:
 
 from __future__ import annotations
 
-import html
 import itertools
 import logging
 import queue
@@ -22,6 +21,7 @@ import threading
 import time
 
 from ..engine import Result
+from ..primitives.display import summary_html
 
 log = logging.getLogger("kvlab.serving")
 RECORDED = ("ok", "disconnected")  # statuses written to the recording: the request ran
@@ -181,4 +181,4 @@ class Ledger:
         return f"Ledger({s['requests']} finished, {len(self.inflight)} running)"
 
     def _repr_html_(self) -> str:
-        return f"<code>{html.escape(repr(self))}</code>"
+        return summary_html(repr(self), code=True)

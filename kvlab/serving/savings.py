@@ -17,7 +17,6 @@ Example:
 
 from __future__ import annotations
 
-import html
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,6 +25,7 @@ import polars as pl
 from ..errors import RequestError
 from ..request import Request, Workload
 from .sessions import block_ids, safe_ids
+from ..primitives.display import summary_html
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,7 @@ class PrefillFit:
                 f"~ {self.resolution_tokens:.0f} tokens, {self.points} points)")
 
     def _repr_html_(self) -> str:
-        return f"<code>{html.escape(repr(self))}</code>"
+        return summary_html(repr(self), code=True)
 
 
 def fit_prefill(frame: pl.DataFrame) -> PrefillFit:

@@ -27,7 +27,6 @@ Example:
 
 from __future__ import annotations
 
-import html
 import itertools
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -39,6 +38,7 @@ from mlx.utils import tree_flatten, tree_map
 from ..errors import BlockSizeError, BudgetError, SnapshotError
 from ..keys import CacheKey
 from ..policies import KIND_PRIORITY, Unit, store_policy
+from ..primitives.display import summary_html, table_html
 from ..primitives.snapshots import LayerState, Snapshot
 from ..primitives.tokens import Tokens
 from .base import EventLog, Match, StoreBase, check_budget, default_budget
@@ -65,8 +65,8 @@ class Block:
         return f"Block({self.hash.hex()[:12]}, {len(self.token_ids)} tokens, ref {self.ref_cnt})"
 
     def _repr_html_(self) -> str:
-        return (f"<code>block {self.id} {self.hash.hex()[:12]}</code> · {len(self.token_ids)} tokens · "
-                f"{self.nbytes} B · ref {self.ref_cnt} · {self.hits} hits")
+        return summary_html(f"block {self.id} {self.hash.hex()[:12]}", f"{len(self.token_ids)} tokens",
+                            f"{self.nbytes} B", f"ref {self.ref_cnt}", f"{self.hits} hits")
 
 
 class PagedStore(StoreBase):
@@ -288,11 +288,11 @@ class PagedStore(StoreBase):
                 f"{len(self._free)} free, {self._bytes / 2**20:.1f} MiB, {self.evictions} evictions)")
 
     def _repr_html_(self) -> str:
-        note = f"<br><i>{html.escape(self._unpageable)}</i>" if self._unpageable else ""
-        return (f"<div><b>PagedStore</b> {len(self._blocks)}{self._pool()} blocks of "
-                f"{self.block_size} tokens · {len(self._free)} free (cached) · "
-                f"{self._bytes / 2**20:.2f} MiB · {self.evictions} evictions{note}</div>"
-                + self.blocks_frame().drop("token_ids").head(50)._repr_html_())
+        blocks = self.blocks_frame().drop("token_ids")
+        return summary_html("PagedStore", f"{len(self._blocks)}{self._pool()} blocks of "
+                            f"{self.block_size} tokens", f"{len(self._free)} free (cached)", f"{self._bytes / 2**20:.2f} MiB",
+                            f"{self.evictions} evictions", note=self._unpageable,
+                            body=table_html(blocks.columns, blocks.head(50).rows(), total=blocks.height))
 
 
 def _why_unpageable(snap: Snapshot) -> str:

@@ -28,6 +28,7 @@ import polars as pl
 
 from ..keys import CacheKey
 from ..policies import KIND_PRIORITY, Unit, store_policy
+from ..primitives.display import summary_html, table_html
 from ..primitives.snapshots import Snapshot, compact, non_trimmable_layers
 from ..primitives.tokens import Tokens, common_prefix_len
 from .base import MISS, NON_CAPACITY_REASONS, EventLog, Match, StoreBase, check_budget, default_budget, too_big
@@ -308,8 +309,10 @@ class RadixStore(StoreBase):
                 f"{self.budget_bytes / 2**20:.0f} MiB, {self.evictions} evictions)")
 
     def _repr_html_(self) -> str:
-        return (f"<div><b>RadixStore</b> {self.entries} entries · {self._bytes / 2**20:.2f} MiB of "
-                f"{self.budget_bytes / 2**20:.0f} MiB · {self.evictions} evictions</div>"
-                + self.entries_frame()._repr_html_())
+        entries = self.entries_frame()
+        return summary_html("RadixStore", f"{self.entries} entries",
+                            f"{self._bytes / 2**20:.2f} MiB of {self.budget_bytes / 2**20:.0f} MiB",
+                            f"{self.evictions} evictions",
+                            body=table_html(entries.columns, entries.head(50).rows(), total=entries.height))
 
 

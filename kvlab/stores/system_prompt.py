@@ -18,7 +18,6 @@ Example:
 
 from __future__ import annotations
 
-import html
 import itertools
 from dataclasses import dataclass
 
@@ -28,6 +27,7 @@ from ..keys import CacheKey
 from ..primitives.snapshots import Snapshot, compact, trim
 from ..primitives.tokens import Tokens
 from .base import EventLog, Match, StoreBase, check_budget, default_budget, too_big
+from ..primitives.display import summary_html
 
 
 @dataclass(eq=False)
@@ -46,7 +46,7 @@ class SystemEntry:
         return f"SystemEntry(#{self.id} {self.tokens} tokens, {self.nbytes} B, {self.hits} hits)"
 
     def _repr_html_(self) -> str:
-        return f"<code>{html.escape(repr(self))}</code>"
+        return summary_html(repr(self), code=True)
 
 
 class SystemPromptStore(StoreBase):
@@ -125,7 +125,7 @@ class SystemPromptStore(StoreBase):
                 f"{self.entry.hits} hits, {self.evictions} invalidations)")
 
     def _repr_html_(self) -> str:
-        return f"<div><b>SystemPromptStore</b> {html.escape(repr(self)[len('SystemPromptStore'):])}</div>"
+        return summary_html("SystemPromptStore", repr(self)[len("SystemPromptStore"):])
 
 
 def _span_cut(tokens: Tokens) -> tuple[int, str]:

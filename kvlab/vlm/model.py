@@ -11,7 +11,6 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import html
 from collections import OrderedDict
 from typing import Any
 
@@ -203,12 +202,3 @@ class VLModel(Model):
                 "vision": f"{vc.get('depth', '?')} blocks, embed {vc.get('embed_dim', '?')}",
                 "images memoised": len(self._memo)}
 
-    def __repr__(self) -> str:
-        f = self._fields()
-        return (f"VLModel({f['name']!r}, {f['arch']}, {f['layers']} layers, {f['params']} params, "
-                f"{f['dtype']}, context {f['context']}, fingerprint {f['fingerprint']})")
-
-    def _repr_html_(self) -> str:
-        rows = "".join(f"<tr><th style='text-align:left'>{k}</th><td>{html.escape(str(v))}</td></tr>"
-                       for k, v in self._fields().items())
-        return f"<table><caption>kvlab VLModel</caption>{rows}</table>"
