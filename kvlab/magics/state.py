@@ -87,7 +87,7 @@ class State:
 
     def tokens_of(self, value):
         """Tokens of messages, text, ids (or a Request's) on the current model."""
-        from ..primitives.tokens import Tokens, tokenise
+        from ..primitives.tokens import Tokens, as_tokens
 
         value = messages_of(value)
         if isinstance(value, Tokens):
@@ -95,7 +95,7 @@ class State:
         if not isinstance(value, (str, list, tuple)):
             raise UsageError(f"expected messages (a list of {{'role', 'content'}} dicts), text, token "
                              f"ids or Tokens, got {type(value).__name__}")
-        return tokenise(self.need_model(), list(value) if isinstance(value, tuple) else value)
+        return as_tokens(value, self.need_model(), name="EXPR")
 
 
 def messages_of(value):

@@ -1,6 +1,7 @@
 """kvlab's primitives at a glance: pure functions over frozen dataclasses, no engine, no store.
 
 - ``tokens``: ``Tokens`` (ids, rendered text, per-message spans, images) from messages, text or ids
+- ``chat_template``: the tokenizer inside a model, its chat template, where each message sits
 - ``boundary``: where a reusable prefix ends (system prompt, message boundaries)
 - ``snapshots``: immutable, copy-free snapshots of mlx-lm caches; trim, restore, save/load, prefill
 - ``layout``: what each layer of a model's cache is and what it can do at a position

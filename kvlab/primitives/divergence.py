@@ -127,12 +127,6 @@ def piece_html(piece: str) -> str:
     return html.escape(piece).replace("\n", "↵")
 
 
-def _tokens_of(x, model, name: str) -> Tokens:
-    if isinstance(x, (list, tuple)) and not x:
-        return Tokens((), "")  # an empty prompt is a prefix of every prompt
-    return as_tokens(x, model, name=name)
-
-
 def diverge(a, b, *, context: int = 4, model=None) -> Divergence:
     """The first token where two prompts differ, the message it falls in, and the text around it.
 
@@ -142,7 +136,7 @@ def diverge(a, b, *, context: int = 4, model=None) -> Divergence:
         >>> kv.diverge([1, 2, 3, 4], [1, 2, 9])
         Divergence(at token 2: '<1><2><3><4>' vs '<1><2><9>')
     """
-    ta, tb = _tokens_of(a, model, "a"), _tokens_of(b, model, "b")
+    ta, tb = (as_tokens(x, model, name=n, allow_empty=True) for x, n in ((a, "a"), (b, "b")))
     common = common_prefix_len(ta.ids, tb.ids)
     differ = common < len(ta) and common < len(tb)
     i = common

@@ -23,15 +23,17 @@ import numpy as np  # noqa: E402
 
 from ..errors import ImageError, KvlabError, TemplateError  # noqa: E402
 from ..models.loading import Model  # noqa: E402
-from ..primitives.tokens import (ImageRef, Span, Tokens, char_to_token_span, encode_with_offsets,  # noqa: E402
-                      has_content_lists, is_messages, message_char_spans, render, validate_messages)
+from ..primitives.chat_template import (char_to_token_span, encode_with_offsets,  # noqa: E402
+                                        has_content_lists, is_messages, message_char_spans, render,
+                                        validate_messages)
+from ..primitives.tokens import ImageRef, Span, Tokens  # noqa: E402
 from .images import Pixels, image_hash, image_source, load_image, placeholder_runs  # noqa: E402
 from .net import RequestModel, cache_offset  # noqa: E402
 
 IMAGE_MEMO = 64  # processed images kept per model (keyed by pixel hash)
 
 
-@dataclasses.dataclass(frozen=True, eq=False)
+@dataclasses.dataclass(frozen=True, eq=False, repr=False)  # Model's repr and table, named VLModel
 class VLModel(Model):
     """A loaded mlx-vlm model (``kind="vlm"``): ``.model`` is the mlx-vlm module, ``.tokenizer`` an
     mlx-lm TokenizerWrapper, ``.processor`` the mlx-vlm processor. Its cache is mlx-lm KVCache
