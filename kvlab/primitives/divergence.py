@@ -18,7 +18,7 @@ import html
 from dataclasses import dataclass, field
 
 from .display import Html, summary_html, table_html
-from .tokens import Tokens, as_tokens, common_prefix_len
+from .tokens import as_tokens, common_prefix_len
 
 
 # ---------------------------------------------------------------------------------------- diverge
