@@ -1,12 +1,11 @@
 """volatile_fields(): the spans of a prompt that change from request to request (e.g. the
-billing header's cch= value), found by diffing renderings.
+billing header's cch= value), found by diffing renderings (``volatile_fields`` shows it on chat
+requests).
 
 Example:
-    >>> requests = [[{"role": "system", "content": kv.workloads.BILLING_HEADER.format(cch=c)
-    ...               + "\\nBe brief."}, {"role": "user", "content": "Hi"}]
-    ...             for c in ("eb6c6", "1f2a9", "03d41")]
-    >>> kv.volatile_fields([kv.tokenise(m, r) for r in requests])[0]
-    VolatileField(cch in message 0 (system) chars 94:99 tokens 35:39, 3 distinct: 'eb6c6', ...)
+    >>> f = kv.volatile_fields(["session=abc1; hi", "session=xyz2; hi"])[0]
+    >>> f.name, f.examples
+    ('session', ('abc1', 'xyz2'))
 """
 
 from __future__ import annotations
