@@ -271,4 +271,4 @@ def _base_url(url: str) -> str:
 
 
 def _fmt(v) -> str:
-    return f"{v:.4g}" if isinstance(v, float) else html.escape(str(v))
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
