@@ -25,6 +25,7 @@ import xxhash
 from .primitives.blocks import block_hashes
 from .errors import TokenIdError
 from .primitives.tokens import Tokens
+from .primitives.display import summary_html
 
 
 @dataclass(frozen=True)
@@ -84,9 +85,7 @@ class CacheKey:
         return f"CacheKey({len(self.ids)} ids{extra}{salt})"
 
     def _repr_html_(self) -> str:
-        import html
-
-        return f"<code>{html.escape(repr(self))}</code>"
+        return summary_html(repr(self), code=True)
 
 
 def cache_key(tokens: Tokens, *, extra_keys=(), salt: str | None = None,

@@ -50,11 +50,11 @@ Example:
 
 from __future__ import annotations
 
-import html
 from dataclasses import dataclass
 
 from .keys import CacheKey
 from .policies.reasons import ALL_REASONS
+from .primitives.display import summary_html
 
 COVERS = ("insert", "block_stored", "persist")
 REMOVES = ("evict", "block_removed", "corrupt")
@@ -81,7 +81,7 @@ class Explained:
         return f"Explained({self.missed} missed: {parts})"
 
     def _repr_html_(self) -> str:
-        return f"<code>{html.escape(repr(self))}</code>"
+        return summary_html(repr(self), code=True)
 
 
 class MissIndex:
@@ -258,4 +258,4 @@ class MissIndex:
                 f"{len(self._records)} cached entries)")
 
     def _repr_html_(self) -> str:
-        return f"<code>{html.escape(repr(self))}</code>"
+        return summary_html(repr(self), code=True)

@@ -24,7 +24,7 @@ from .errors import QuantizationError
 from .primitives.kv_format import GROUP_SIZES, check_settings, kv_format, layer_format, maybe_quantize
 from .primitives.kv_format import quantized_bytes_per_token
 from .primitives.snapshots import LayerState, Snapshot, make_cache, prefill, restore, snapshot
-from .primitives.tokens import is_id_sequence
+from .primitives.tokens import as_tokens
 
 # Plain English prose (written for kvlab) for sweeps, benchmarks and tests: KL on real text, not on
 # random ids, is what tells a quantization apart; each is ~115 SmolLM2 tokens.
@@ -128,14 +128,6 @@ def _attention_bytes(snap: Snapshot) -> int:
     return sum(layer.nbytes for layer in snap.layers if layer_format(layer.kind, layer.state) is not None)
 
 
-def _ids_of(model, text) -> list[int]:
-    if isinstance(text, str):
-        return list(model.tokenise(text).ids)
-    if is_id_sequence(text) or hasattr(text, "ids"):
-        return [int(i) for i in getattr(text, "ids", text)]
-    raise QuantizationError(f"texts must be strings or token id sequences, got a {type(text).__name__}")
-
-
 def _compare(ref, other) -> tuple[float, float, float]:
     """(mean KL(ref || other), max KL, top-1 agreement) over positions of [positions, vocab] logits."""
     lp, lq = (x - mx.logsumexp(x, axis=-1, keepdims=True) for x in (ref, other))
@@ -188,7 +180,7 @@ def quantization_sweep(model, texts, bits=(2, 3, 4, 6, 8), group_sizes=None, len
     for b in bits:
         for g in group_sizes:
             check_settings(b, g, dims)
-    ids_all = [_ids_of(model, t) for t in texts]
+    ids_all = [as_tokens(t, model, name=f"text {i}").ids for i, t in enumerate(texts)]
     for i, ids in enumerate(ids_all):
         if len(ids) < max(lengths) + eval_tokens:
             raise QuantizationError(f"text {i} has {len(ids)} tokens; lengths up to {max(lengths)} with "
@@ -240,7 +232,7 @@ def quantized_reuse_error(model, text, prefix_tokens: int, *, bits: int = 4,
     Example:
         >>> kv.quantized_reuse_error(kv.load(), text, 64, bits=4)
     """
-    ids = _ids_of(model, text)
+    ids = as_tokens(text, model, name="text").ids
     if not 0 < prefix_tokens < len(ids) - 1:
         raise QuantizationError(f"prefix_tokens must be in 1..{len(ids) - 2} for a text of {len(ids)} "
                                 f"tokens (a suffix of at least 2 tokens), got {prefix_tokens}")

@@ -18,6 +18,7 @@ from typing import Iterator
 import numpy as np
 
 from .errors import RequestError
+from .primitives.display import summary_html, table_html
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)
@@ -104,12 +105,8 @@ class Request:
             head = " ".join(map(str, self.ids[:24])) + (" …" if len(self.ids) > 24 else "")
             body = f"<code>{html.escape(head)}</code>"
         else:
-            rows = "".join(
-                f"<tr><td>{html.escape(str(m.get('role')))}</td>"
-                f"<td style='text-align:left'>{html.escape(_preview(m.get('content')))}</td></tr>"
-                for m in self.messages)
-            body = f"<table>{rows}</table>"
-        return f"<div><b>Request</b> {html.escape(repr(self))}{body}</div>"
+            body = table_html(None, [(m.get("role"), _preview(m.get("content"))) for m in self.messages])
+        return summary_html("Request", repr(self), body=body)
 
 
 @dataclass(frozen=True, eq=False)
@@ -174,17 +171,13 @@ class Workload:
                 + (f", seed={seed}" if seed is not None else "") + ")")
 
     def _repr_html_(self, limit: int = 50) -> str:
-        rows = []
-        for r in self.requests[:limit]:
-            size = (f"{len(r.ids)} ids" if r.ids is not None
-                    else f"{len(r.messages)} msgs, {r.text_chars()} chars")
-            rows.append(f"<tr><td>{html.escape(r.name)}</td><td>{r.kind}</td><td>{size}</td>"
-                        f"<td>{'yes' if r.has_images else ''}</td><td>{r.max_tokens}</td></tr>")
-        more = f"<tr><td colspan=5>… {len(self) - limit} more</td></tr>" if len(self) > limit else ""
-        params = html.escape(", ".join(f"{k}={v}" for k, v in self.params.items()))
-        return (f"<div><b>Workload</b> {html.escape(self.name)} · {len(self)} requests · "
-                f"<small>{params}</small><table><tr><th>name</th><th>kind</th><th>size</th>"
-                f"<th>images</th><th>max_tokens</th></tr>{''.join(rows)}{more}</table></div>")
+        rows = [(r.name, r.kind, f"{len(r.ids)} ids" if r.ids is not None
+                 else f"{len(r.messages)} msgs, {r.text_chars()} chars",
+                 "yes" if r.has_images else "", r.max_tokens) for r in self.requests[:limit]]
+        params = ", ".join(f"{k}={v}" for k, v in self.params.items())
+        table = table_html(("name", "kind", "size", "images", "max_tokens"), rows, limit=limit,
+                           total=len(self))
+        return summary_html("Workload", self.name, f"{len(self)} requests", note=params, body=table)
 
 
 def canonical_json(obj) -> str:

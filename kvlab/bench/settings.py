@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ..primitives.display import summary_html
+
 
 @dataclass
 class Settings:
@@ -22,6 +24,4 @@ class Settings:
     model: Any = None
 
     def _repr_html_(self) -> str:
-        import html
-
-        return f"<code>{html.escape(repr(self))}</code>"
+        return summary_html(repr(self), code=True)

@@ -18,6 +18,7 @@ from typing import Callable
 
 from ..errors import KvlabError
 from .table import Table
+from ..primitives.display import summary_html
 
 START, END = "<!-- bench-summary:start -->", "<!-- bench-summary:end -->"
 KVLAB_STORES = ("radix", "shared-radix", "paged")  # the TTFT rows that are kvlab's own stores
@@ -37,9 +38,7 @@ class Target:
         return f"Target({self.promise!r}, from {self.section})"
 
     def _repr_html_(self) -> str:
-        import html
-
-        return f"<code>{html.escape(repr(self))}</code>"
+        return summary_html(repr(self), code=True)
 
 
 def _blas(v: dict) -> tuple[bool, str]:

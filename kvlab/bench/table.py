@@ -7,6 +7,8 @@ import html
 import statistics
 from dataclasses import dataclass, field
 
+from ..primitives.display import Html, summary_html, table_html
+
 
 @dataclass(frozen=True)
 class Table:
@@ -36,10 +38,9 @@ class Table:
         return f"Table({self.title!r}, {len(self.rows)} rows)"
 
     def _repr_html_(self) -> str:
-        head = "".join(f"<th>{html.escape(c)}</th>" for c in self.columns)
-        body = "".join("<tr>" + "".join(f"<td>{html.escape(fmt(v))}</td>" for v in row) + "</tr>"
-                       for row in self.rows)
-        return f"<b>{html.escape(self.title)}</b><table><tr>{head}</tr>{body}</table>"
+        rows = [[fmt(v) for v in row] for row in self.rows]
+        return summary_html(self.title, Html(f"<code>{html.escape(self.command)}</code>"),
+                            note=self.notes, body=table_html(self.columns, rows, limit=None))
 
 
 def fmt(v) -> str:

@@ -40,6 +40,7 @@ def command_of(args) -> str:
 def bench(args) -> int:
     from ..bench import machine, run
     from ..bench.summary import START, document, readme_block, replace_marked
+    from ..primitives.files import atomic_write
 
     only = args.only.split(",") if args.only else None
     readme = args.readme
@@ -55,22 +56,14 @@ def bench(args) -> int:
                  ttft_system_tokens=args.ttft_system_tokens)
     meta = {"command": command_of(args), "machine": machine(), "when": time.strftime("%Y-%m-%d %H:%M")}
     if args.write:
-        _replace(args.write, document(tables, **meta))
+        atomic_write(args.write, document(tables, **meta))
         print(f"kvlab: wrote {args.write} ({time.perf_counter() - started:.0f} s)")
     if marked:
         details = os.path.relpath(args.write, os.path.dirname(os.path.abspath(readme))) if args.write else None
         # read again: the README may have been edited during a run that takes half an hour
         block = readme_block(tables, details=details, **meta)
-        _replace(readme, replace_marked(open(readme).read(), block, name=readme))
+        atomic_write(readme, replace_marked(open(readme).read(), block, name=readme))
         print(f"kvlab: rewrote the bench summary in {readme}")
     elif readme_text is not None:
         print(f"kvlab: {readme} has no {START} / end markers; left unchanged")
     return 0
-
-
-def _replace(path: str, text: str) -> None:
-    """Write ``text`` to ``path`` atomically: a killed run never leaves half a file."""
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)

@@ -25,7 +25,6 @@ Example:
 
 from __future__ import annotations
 
-import html
 import itertools
 import statistics
 import tempfile
@@ -37,8 +36,7 @@ import polars as pl
 
 from ..errors import KvlabError
 from ..keys import CacheKey
-from ..primitives.snapshots import prefill, restore, snapshot
-from ..stores.disk import DiskStore
+from ..primitives.display import summary_html, table_html
 
 TERMS = ("a", "b", "c", "d")
 COLUMNS = ("est_prefill_s", "est_cold_prefill_s", "est_ttft_saved_s")
@@ -107,7 +105,8 @@ class CostModel:
                 f"{self.mape_holdout:.1%} on {self.points.filter(pl.col('split') == 'holdout').height} points)")
 
     def _repr_html_(self) -> str:
-        return f"<div><b>CostModel</b> {html.escape(repr(self)[10:-1])}</div>" + self.points._repr_html_()
+        return summary_html("CostModel", repr(self)[10:-1],
+                            body=table_html(self.points.columns, self.points.rows()))
 
 
 def fit(model, *, cached=(0, 256, 1024, 2048), new=(16, 64, 256, 1024), holdout: int = 6,
@@ -154,6 +153,8 @@ def measure(model, points, *, repeats: int = 3, seed: int = 0, agree: float = 0.
         >>> measure(kv.load("tiny"), [(0, 16), (256, 64)], repeats=2)["seconds"].len()
         2
     """
+    from ..primitives.snapshots import prefill, restore, snapshot  # mlx: only to measure, not to fit
+
     if repeats < 1:
         raise KvlabError(f"repeats must be >= 1, got {repeats!r}")
     rng = np.random.default_rng(seed)
@@ -185,25 +186,43 @@ def measure(model, points, *, repeats: int = 3, seed: int = 0, agree: float = 0.
 
 def fit_coefficients(frame: pl.DataFrame) -> tuple[float, float, float, float]:
     """Non-negative (a, b, c, d) minimising the squared relative error over ``frame``'s points
-    (columns cached, new, seconds): every subset of terms is solved, the best feasible one kept."""
+    (columns cached, new, seconds): ``fit_nonneg`` with rows weighted by 1/seconds."""
     c, n, t = (frame[k].to_numpy().astype(np.float64) for k in ("cached", "new", "seconds"))
-    X = np.stack([np.ones_like(n), n, n * c, n * n], axis=1) / t[:, None]
-    scale = np.abs(X).max(axis=0)
+    X = np.stack([np.ones_like(n), n, n * c, n * n], axis=1)
+    return tuple(float(v) for v in fit_nonneg(X, t, weights=1 / t))
+
+
+def fit_nonneg(X: np.ndarray, y: np.ndarray, *, weights=None, free=(), required=()) -> np.ndarray:
+    """Least squares ``y ~ X @ coef`` with every coefficient >= 0 except the ``free`` columns:
+    each subset of the columns that includes ``required`` is solved and the feasible one with
+    the smallest (``weights``-weighted) squared error is kept; zeros when none is feasible. The
+    prefill-time fits of the cost model and of ``kvlab.serving.savings`` both use it.
+
+    Example:
+        >>> n = np.array([1.0, 2.0, 3.0])
+        >>> fit_nonneg(np.stack([np.ones(3), n], axis=1), 5 + 2 * n).round(6).tolist()
+        [5.0, 2.0]
+    """
+    X, y = np.asarray(X, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    if weights is not None:
+        X, y = X * np.asarray(weights, dtype=np.float64)[:, None], y * weights
+    scale = np.abs(X).max(axis=0)  # columns of very different sizes (1 vs new²): condition lstsq
     scale[scale == 0] = 1.0
-    Xs, y = X / scale, np.ones_like(t)
+    Xs, k = X / scale, X.shape[1]
     best = None
-    for k in range(1, 5):
-        for cols in itertools.combinations(range(4), k):
+    for size in range(1, k + 1):
+        for cols in itertools.combinations(range(k), size):
+            if not set(required) <= set(cols):
+                continue
             x, *_ = np.linalg.lstsq(Xs[:, cols], y, rcond=None)
-            if (x < 0).any():
+            if any(v < 0 and j not in free for j, v in zip(cols, x)):
                 continue
             err = float(np.sum((Xs[:, cols] @ x - y) ** 2))
             if best is None or err < best[0]:
-                full = np.zeros(4)
+                full = np.zeros(k)
                 full[list(cols)] = x
                 best = (err, full)
-    coef = best[1] / scale
-    return tuple(float(v) for v in coef)
+    return best[1] / scale if best is not None else np.zeros(k)
 
 
 def annotate(result, cost: CostModel):
@@ -265,6 +284,9 @@ def measure_tiers(model, lengths=(256, 512, 1024), *, repeats: int = 3, folder=N
         ['disk_load', 'disk_save', 'ram_restore', 'recompute']
     """
     import mlx.core as mx
+
+    from ..primitives.snapshots import prefill, restore, snapshot
+    from ..stores.disk import DiskStore
 
     rng = np.random.default_rng(seed)
     rows = []

@@ -20,7 +20,6 @@ Example:
 
 from __future__ import annotations
 
-import html
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, Callable, Sequence
@@ -30,6 +29,7 @@ from mlx_lm.models.cache import KVCache
 
 from ..errors import BudgetError, KvlabError
 from ..keys import CacheKey, cache_key
+from ..primitives.display import summary_html, table_html
 from ..primitives.snapshots import Snapshot, snapshot
 from ..stores import STORE_NAMES, make_store
 from ..primitives.tokens import Tokens, as_tokens
@@ -74,12 +74,10 @@ class Replay:
                 f"{self.token_hit_rate:.1%}, request hit {self.request_hit_rate:.1%})")
 
     def _repr_html_(self) -> str:
-        rows = "".join(f"<tr><td>{i}</td><td>{m}</td><td>{r} / {n}</td><td>{'' if s else 'too big'}"
-                       f"</td><td>{e}</td></tr>" for i, (r, n, m, s, e) in enumerate(
-                           zip(self.reused, self.prompt_tokens, self.matches, self.stored,
-                               self.evictions)))
-        return (f"<div><b>Replay</b> {html.escape(repr(self))}<table><tr><th>#</th><th>match</th>"
-                f"<th>reused / prompt</th><th>kept</th><th>evictions</th></tr>{rows}</table></div>")
+        rows = [(i, m, f"{r} / {n}", "" if s else "too big", e) for i, (r, n, m, s, e) in enumerate(
+            zip(self.reused, self.prompt_tokens, self.matches, self.stored, self.evictions))]
+        table = table_html(("#", "match", "reused / prompt", "kept", "evictions"), rows)
+        return summary_html("Replay", repr(self), body=table)
 
 
 def scaled_budget(budget_bytes, bytes_per_token) -> int:

@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..errors import KvlabError
+from ..primitives.display import Html, summary_html, table_html
+from ..primitives.files import atomic_write_with
 
 RESULTS_PARAM = "results_path"
 RESULTS_FILE = "results.parquet"
@@ -86,19 +88,18 @@ class RunResult:
 
     def _repr_html_(self) -> str:
         colour, word = ("#2a7", "ok") if self.ok else ("#c33", "failed")
-        params = html.escape(", ".join(f"{k}={v!r}" for k, v in self.parameters.items()))
-        rows = "".join(
-            f"<tr><th style='text-align:left'>{name}</th><td><code>"
-            f"{html.escape(str(path)) if path is not None and Path(path).exists() else '—'}"
-            f"</code></td></tr>" for name, path in self.artefacts().items())
-        err = f"<pre style='color:#c33;white-space:pre-wrap'>{html.escape(self.error)}</pre>" \
-            if self.error else ""
+        params = ", ".join(f"{k}={v!r}" for k, v in self.parameters.items())
+        paths = table_html(None, [(name, path if path is not None and Path(path).exists() else None)
+                                  for name, path in self.artefacts().items()], row_headers=True)
+        err = (f"<pre style='color:#c33;white-space:pre-wrap'>{html.escape(self.error)}</pre>"
+               if self.error else "")
         table = ""
         if self.ok and self.results_path is not None and Path(self.results_path).is_file():
-            table = self.results.head(20)._repr_html_()
-        return (f"<div><b>Run</b> {html.escape(self.notebook.name)} · "
-                f"<span style='color:{colour};font-weight:bold'>{word}</span> in {self.seconds:.1f}s"
-                f"<br><small>{params}</small><table>{rows}</table>{err}{table}</div>")
+            results = self.results
+            table = table_html(results.columns, results.head(20).rows(), total=results.height)
+        return summary_html("Run", self.notebook.name,
+                            Html(f"<span style='color:{colour};font-weight:bold'>{word}</span>"),
+                            f"{self.seconds:.1f}s", note=params, body=paths + err + table)
 
 
 # ---------------------------------------------------------------------------------------- helpers
@@ -114,14 +115,7 @@ def save_results(frame, path) -> Any:
 
     if not isinstance(frame, pl.DataFrame):
         frame = pl.DataFrame(frame)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        frame.write_parquet(tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    atomic_write_with(path, frame.write_parquet)
     return frame
 
 

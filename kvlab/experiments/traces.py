@@ -15,7 +15,6 @@ from __future__ import annotations
 import html
 import json
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -24,6 +23,8 @@ import numpy as np
 import polars as pl
 
 from ..primitives.blocks import chained_hashes
+from ..primitives.display import Html, summary_html, table_html
+from ..primitives.files import atomic_write_with
 from ..errors import BlockSizeError, TraceError
 
 MOONCAKE_BLOCK_SIZE = 512
@@ -108,33 +109,20 @@ class Trace:
             >>> t.write("out/trace.jsonl")
             PosixPath('out/trace.jsonl')
         """
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        os.close(fd)
-        try:
-            self.frame.select(FIELDS).write_ndjson(tmp)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        return path
+        return atomic_write_with(path, self.frame.select(FIELDS).write_ndjson)
 
     def __repr__(self) -> str:
         return (f"Trace({len(self)} requests, {_si(self.tokens)} tokens, "
                 f"{_si(self.distinct_blocks)} distinct blocks, block_size={self.block_size})")
 
     def _repr_html_(self) -> str:
-        src = f" · <code>{html.escape(self.source)}</code>" if self.source else ""
-        stats = (f"{len(self):,} requests · {self.tokens:,} prompt tokens · "
-                 f"{self.distinct_blocks:,} distinct blocks of {self.block_size}{src}")
+        src = Html(f"<code>{html.escape(self.source)}</code>") if self.source else None
         head = self.frame.head(5).with_columns(
             pl.col("hash_ids").list.len().alias("n_ids"),
             pl.col("hash_ids").list.head(6).cast(pl.List(pl.String)).list.join(",").alias("hash_ids"))
-        rows = "".join("<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in r) + "</tr>"
-                       for r in head.iter_rows())
-        cols = "".join(f"<th>{c}</th>" for c in head.columns)
-        return f"<div><b>Trace</b> {stats}<table><tr>{cols}</tr>{rows}</table></div>"
+        return summary_html("Trace", f"{len(self):,} requests", f"{self.tokens:,} prompt tokens",
+                            f"{self.distinct_blocks:,} distinct blocks of {self.block_size}", src,
+                            body=table_html(head.columns, head.rows()))
 
 
 def locate(name: str = DEFAULT_TRACE) -> Path:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import html
 from dataclasses import dataclass, field
 from typing import Any
 
 from IPython.core.error import UsageError
+
+from ..primitives.display import summary_html
 
 DEFAULT_MAX_TOKENS = 16
 
@@ -31,7 +32,7 @@ class State:
         return f"State(model={self.model!r}, engine={self.engine!r})"
 
     def _repr_html_(self) -> str:
-        return f"<code>{html.escape(repr(self))}</code>"
+        return summary_html(repr(self), code=True)
 
     def evaluate(self, expr: str, local_ns=None):
         """``expr`` evaluated in the notebook's namespace (a name, or a quoted expression)."""
@@ -86,7 +87,7 @@ class State:
 
     def tokens_of(self, value):
         """Tokens of messages, text, ids (or a Request's) on the current model."""
-        from ..primitives.tokens import Tokens, tokenise
+        from ..primitives.tokens import Tokens, as_tokens
 
         value = messages_of(value)
         if isinstance(value, Tokens):
@@ -94,7 +95,7 @@ class State:
         if not isinstance(value, (str, list, tuple)):
             raise UsageError(f"expected messages (a list of {{'role', 'content'}} dicts), text, token "
                              f"ids or Tokens, got {type(value).__name__}")
-        return tokenise(self.need_model(), list(value) if isinstance(value, tuple) else value)
+        return as_tokens(value, self.need_model(), name="EXPR")
 
 
 def messages_of(value):

@@ -7,6 +7,8 @@ import html
 from dataclasses import dataclass
 from typing import Any
 
+from ..primitives.display import Html, summary_html, table_html
+
 
 class _View:
     """Base of the magic outputs: one-line repr, multi-line text for papermill, HTML for Jupyter."""
@@ -38,8 +40,12 @@ class Loaded(_View):
         return f"kvlab: loaded {self.model!r}\nkvlab: engine {self.engine!r}"
 
     def _repr_html_(self) -> str:
-        return (f"<div><b>kvlab</b> loaded{self.model._repr_html_()}"
-                f"<div>engine: <code>{html.escape(repr(self.engine))}</code></div></div>")
+        return summary_html("kvlab", "loaded", _code(self.engine), body=self.model._repr_html_())
+
+
+def _code(obj) -> Html:
+    """``repr(obj)`` as code, for a summary line."""
+    return Html(f"<code>{html.escape(repr(obj))}</code>")
 
 
 def _table_text(frame, rows: int = 40) -> str:
@@ -83,18 +89,15 @@ class RunView(_View):
                 f"{_stats_line(self.stats)}\n{_reasons_line(self.stats)}")
 
     def _repr_html_(self) -> str:
-        bars = "".join(
-            f"<tr><td>{html.escape(str(r['name']))}</td><td>{r['reused_tokens']}/{r['prompt_tokens']}</td>"
-            f"<td><div style='width:200px;height:8px;background:#eee'><div style='width:"
-            f"{int(200 * r['reuse_ratio'])}px;height:8px;background:#2a7'></div></div></td>"
-            f"<td>{html.escape(r['match'])}</td><td>{r['ttft_ms']:.1f} ms</td>"
-            f"<td>{html.escape(r.get('missed', ''))}</td></tr>"
-            for r in self.frame.iter_rows(named=True))
-        return (f"<div><b>kvlab run</b> {html.escape(self.workload)} · "
-                f"<code>{html.escape(repr(self.engine))}</code><table><tr><th>request</th>"
-                f"<th>reused</th><th></th><th>match</th><th>TTFT</th><th>missed (why)</th></tr>{bars}"
-                f"</table><div>{html.escape(_stats_line(self.stats))}</div>"
-                f"<div>{html.escape(_reasons_line(self.stats))}</div></div>")
+        rows = [(r["name"], f"{r['reused_tokens']}/{r['prompt_tokens']}", Html(
+            f"<div style='width:200px;height:8px;background:#eee'><div style='width:"
+            f"{int(200 * r['reuse_ratio'])}px;height:8px;background:#2a7'></div></div>"),
+            r["match"], f"{r['ttft_ms']:.1f} ms", r.get("missed", ""))
+            for r in self.frame.iter_rows(named=True)]
+        table = table_html(("request", "reused", "", "match", "TTFT", "missed (why)"), rows)
+        lines = "".join(f"<div>{html.escape(line)}</div>"
+                        for line in (_stats_line(self.stats), _reasons_line(self.stats)))
+        return summary_html("kvlab run", self.workload, _code(self.engine), body=table + lines)
 
 
 @dataclass(eq=False, repr=False)
@@ -133,14 +136,13 @@ class StatsView(_View):
         return "\n".join(lines)
 
     def _repr_html_(self) -> str:
-        rows = "".join(f"<tr><th style='text-align:left'>{k}</th><td>{v:.4f}</td></tr>"
-                       if isinstance(v, float) else f"<tr><th style='text-align:left'>{k}</th><td>{v}</td></tr>"
-                       for k, v in self._plain().items())
-        why = "".join(f"<tr><th style='text-align:left'>{k}</th><td>{v}</td></tr>" for k, v in self._reasons())
-        return (f"<div><b>kvlab stats</b> <code>{html.escape(repr(self.engine))}</code>"
-                f"<table>{rows}</table><b>missed tokens by reason</b>"
-                f"<table class='kv-miss-reasons'>{why or '<tr><td>none</td></tr>'}</table>"
-                f"<b>events</b>{self._counts()._repr_html_()}</div>")
+        plain = table_html(None, [(k, f"{v:.4f}" if isinstance(v, float) else v)
+                                  for k, v in self._plain().items()], row_headers=True)
+        why = table_html(None, self._reasons() or [("none",)], row_headers=True, css_class="kv-miss-reasons")
+        counts = self._counts()
+        return summary_html("kvlab stats", _code(self.engine),
+                            body=f"{plain}<b>missed tokens by reason</b>{why}<b>events</b>"
+                                 f"{table_html(counts.columns, counts.rows())}")
 
 
 @dataclass(eq=False, repr=False)
@@ -174,10 +176,10 @@ class TreeView(_View):
     def _repr_html_(self) -> str:
         tree = (f"<pre style='line-height:1.3'>{html.escape(chr(10).join(self.lines))}</pre>"
                 if self.lines else "")
-        table = (self.frame.head(self.ROWS)._repr_html_()
+        table = (table_html(self.frame.columns, self.frame.head(self.ROWS).rows(), total=self.frame.height)
                  if self.frame is not None and self.frame.height else "")
-        return (f"<div><b>{html.escape(repr(self.store))}</b>{tree}{table}"
-                f"<div>{html.escape(self._note())}</div></div>")
+        return summary_html(repr(self.store), note=self._note() if self.frame is None else "",
+                            body=tree + table)
 
 
 @dataclass(eq=False, repr=False)
@@ -204,6 +206,6 @@ class ChatView(_View):
                 f"{_table_text(self.frame)}\nreply: {last.text!r}")
 
     def _repr_html_(self) -> str:
-        return ("<div><b>kvlab chat</b> " + f"{len(self.messages)} messages · {len(self.results)} requests"
-                + "".join(r._repr_html_() for r in self.results) + "</div>")
+        return summary_html("kvlab chat", f"{len(self.messages)} messages", f"{len(self.results)} requests",
+                            body="".join(r._repr_html_() for r in self.results))
 

@@ -12,11 +12,12 @@ import hashlib
 import json
 import os
 import shutil
-import tempfile
 import time
 from pathlib import Path
 
 from filelock import FileLock
+
+from ..primitives.files import atomic_write_with
 
 MANIFEST = "kvlab.json"
 MANIFEST_VERSION = 1
@@ -31,7 +32,8 @@ def kvlab_home() -> Path:
 
 
 def ensure_folder(folder: Path, expect: dict, build) -> tuple[Path, bool]:
-    """Build `folder` once: in a temp sibling, manifest written last, then renamed into place."""
+    """Build `folder` once: in a temp sibling, manifest written last, then renamed into place
+    (``kvlab.primitives.files.atomic_write_with``)."""
     if read_manifest(folder, expect):
         return folder, False
     folder.parent.mkdir(parents=True, exist_ok=True)
@@ -40,9 +42,8 @@ def ensure_folder(folder: Path, expect: dict, build) -> tuple[Path, bool]:
             return folder, False
         for stale in folder.parent.glob(f".{folder.name}.tmp-*"):
             shutil.rmtree(stale, ignore_errors=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.tmp-", dir=folder.parent))
-        try:
-            tmp.chmod(0o755)  # mkdtemp makes it private; the final folder should not be
+
+        def build_with_manifest(tmp: Path) -> None:
             start = time.perf_counter()
             build(tmp)
             weights = sorted(tmp.glob("model*.safetensors"))
@@ -52,14 +53,10 @@ def ensure_folder(folder: Path, expect: dict, build) -> tuple[Path, bool]:
                         "tokenizer_sha256": digest_files(tmp, TOKENIZER_FILES),
                         "build_seconds": round(time.perf_counter() - start, 2)}
             (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2))
-            if folder.exists():  # an invalid leftover (older builder): move aside, then delete
-                old = Path(tempfile.mkdtemp(prefix=f".{folder.name}.tmp-", dir=folder.parent))
-                os.replace(folder, old / "old")
-                shutil.rmtree(old, ignore_errors=True)
-            os.replace(tmp, folder)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
+
+        # an invalid leftover at `folder` (an older builder's) is moved aside and deleted
+        atomic_write_with(folder, build_with_manifest, folder=True, prefix=f".{folder.name}.tmp-",
+                          suffix="")
     return folder, True
 
 

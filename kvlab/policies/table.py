@@ -6,9 +6,11 @@ RadixStore / PagedStore (``policy=``) all take their policies from here.
 
 from __future__ import annotations
 
+import html
 from dataclasses import dataclass
 
 from ..errors import KvlabError
+from ..primitives.display import Html, summary_html
 from .adaptive import ARC, S3FIFO
 from .base import Policy
 from .belady import Belady
@@ -34,10 +36,8 @@ class PolicyInfo:
         return f"PolicyInfo({self.name}: {self.semantics})"
 
     def _repr_html_(self) -> str:
-        import html
-
-        return (f"<b>{html.escape(self.name)}</b> {html.escape(self.semantics)} "
-                f"<a href='{html.escape(self.source)}'>source</a>")
+        return summary_html(self.name, self.semantics,
+                            Html(f"<a href='{html.escape(self.source)}'>source</a>"))
 
 
 _ROWS = [

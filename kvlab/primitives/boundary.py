@@ -6,10 +6,10 @@ then is a KV snapshot of the prefix reusable for every conversation that starts 
 
 from __future__ import annotations
 
-import html
 from dataclasses import dataclass
 
 from ..errors import BoundaryError
+from .display import Html, summary_html
 from .tokens import Tokens, common_prefix_len, encode_with_offsets, render
 
 
@@ -36,10 +36,10 @@ class Split:
     def _repr_html_(self) -> str:
         colour = "#2a7" if self.clean else "#c33"
         word = "clean" if self.clean else "not clean"
-        why = f"<br><i>{html.escape(self.reason)}</i>" if self.reason else ""
-        return (f"<div><b>Split</b> at message {self.message_index}, token {self.index}: "
-                f"prefix {len(self.prefix_ids)} ids | suffix {len(self.suffix_ids)} ids — "
-                f'<span style="color:{colour};font-weight:bold">{word}</span>{why}</div>')
+        return summary_html("Split", f"at message {self.message_index}, token {self.index}",
+                            f"prefix {len(self.prefix_ids)} ids | suffix {len(self.suffix_ids)} ids",
+                            Html(f'<span style="color:{colour};font-weight:bold">{word}</span>'),
+                            note=self.reason)
 
 
 def _message_index(tokens: Tokens, at) -> int:

@@ -17,7 +17,8 @@ from __future__ import annotations
 import html
 from dataclasses import dataclass, field
 
-from .tokens import Tokens, as_tokens, common_prefix_len
+from .display import Html, summary_html, table_html
+from .tokens import as_tokens, common_prefix_len
 
 
 # ---------------------------------------------------------------------------------------- diverge
@@ -83,21 +84,20 @@ class Divergence:
 
     def _repr_html_(self) -> str:
         if self.token_index is None:
-            return f"<div><b>{html.escape(repr(self))}</b></div>"
+            return summary_html(repr(self))
         grey = "color:#999"
         rows = []
         for name, tok, after, char in (("a", self.token_a, self.after_a, self.char_a),
                                        ("b", self.token_b, self.after_b, self.char_b)):
             shared = "".join(f'<span style="{grey}">{piece_html(p)}</span>' for p in self.before)
             rest = "".join(f"<span>{piece_html(p)}</span>" for p in after)
-            rows.append(
-                f"<tr><td><b>{name}</b></td><td style=\"font-family:monospace;white-space:pre\">"
-                f'{shared}<span style="background:#ffb3b3;font-weight:bold">{piece_html(tok) or "∅"}</span>'
-                f"{rest}</td><td style=\"{grey}\">{'' if char is None else f'char {char}'}</td></tr>")
-        return (f"<div><b>Divergence</b> at token {self.token_index}{html.escape(self._where())} · "
-                f"{self.common} tokens shared of {self.len_a} / {self.len_b} · "
-                f"{self.reusable_blocks()} blocks of 16 reusable"
-                f"<table>{''.join(rows)}</table></div>")
+            rows.append((Html(f"<b>{name}</b>"), Html(
+                f'<span style="font-family:monospace;white-space:pre">{shared}<span style="background:'
+                f'#ffb3b3;font-weight:bold">{piece_html(tok) or "∅"}</span>{rest}</span>'),
+                Html(f"<span style=\"{grey}\">{'' if char is None else f'char {char}'}</span>")))
+        return summary_html("Divergence", f"at token {self.token_index}{self._where()}",
+                            f"{self.common} tokens shared of {self.len_a} / {self.len_b}",
+                            f"{self.reusable_blocks()} blocks of 16 reusable", body=table_html(None, rows))
 
 
 def _side(before: tuple[str, ...], token: str, after: tuple[str, ...], index: int) -> str:
@@ -127,12 +127,6 @@ def piece_html(piece: str) -> str:
     return html.escape(piece).replace("\n", "↵")
 
 
-def _tokens_of(x, model, name: str) -> Tokens:
-    if isinstance(x, (list, tuple)) and not x:
-        return Tokens((), "")  # an empty prompt is a prefix of every prompt
-    return as_tokens(x, model, name=name)
-
-
 def diverge(a, b, *, context: int = 4, model=None) -> Divergence:
     """The first token where two prompts differ, the message it falls in, and the text around it.
 
@@ -142,7 +136,7 @@ def diverge(a, b, *, context: int = 4, model=None) -> Divergence:
         >>> kv.diverge([1, 2, 3, 4], [1, 2, 9])
         Divergence(at token 2: '<1><2><3><4>' vs '<1><2><9>')
     """
-    ta, tb = _tokens_of(a, model, "a"), _tokens_of(b, model, "b")
+    ta, tb = (as_tokens(x, model, name=n, allow_empty=True) for x, n in ((a, "a"), (b, "b")))
     common = common_prefix_len(ta.ids, tb.ids)
     differ = common < len(ta) and common < len(tb)
     i = common

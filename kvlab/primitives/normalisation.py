@@ -13,13 +13,13 @@ Example:
 
 from __future__ import annotations
 
-import html
 import re
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from ..errors import RuleError, TemplateError
 from .tokens import Tokens
+from .display import summary_html
 
 
 @dataclass(frozen=True)
@@ -87,7 +87,7 @@ class Rule:
         return f"Rule({self.name}: {what}{roles})"
 
     def _repr_html_(self) -> str:
-        return f"<code>{html.escape(repr(self))}</code>"
+        return summary_html(repr(self), code=True)
 
 
 BILLING_HEADER = Rule(

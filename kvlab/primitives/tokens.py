@@ -9,13 +9,16 @@ Example:
 from __future__ import annotations
 
 import html
-import re
 from dataclasses import dataclass, field
-from typing import Any, Protocol, Sequence, runtime_checkable
+from typing import Any, Sequence
 
 from ..errors import TemplateError, TokenIdError
+from .display import Html, summary_html
+# the rendering side lives in chat_template; these names stay importable from here
+from .chat_template import (KNOWN_ROLES, Tokeniser, char_to_token_span, common_prefix_len,  # noqa: F401
+                            encode_with_offsets, has_content_lists, hf_tokenizer, is_messages,
+                            message_char_spans, render, tokenizer_of, validate_messages, vocab_limit)
 
-KNOWN_ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})
 ROLE_COLOURS = {
     "system": "#e8d5ff", "user": "#d5ecff", "assistant": "#d9f7d5",
     "tool": "#ffe9c7", "developer": "#f0f0f0", "text": "#f0f0f0",
@@ -97,44 +100,8 @@ class Tokens:
         legend = " ".join(
             f'<span style="background:{ROLE_COLOURS.get(s.role, "#fff")}">{s.index}:{s.role} '
             f"[{s.token_start}:{s.token_end})</span>" for s in self.spans)
-        return (f"<div><b>Tokens</b> {len(self.ids)} ids · {legend}<br>"
-                f'<div style="white-space:pre-wrap;line-height:1.6">{"".join(cells)}{more}</div></div>')
-
-
-@runtime_checkable
-class Tokeniser(Protocol):
-    """What a model offers to turn a conversation into ``Tokens`` (kv.Model and kv.VLModel do).
-
-    ``kv.tokenise(model, x)`` calls ``model.tokenise(x)``; a bare tokenizer takes the text path.
-    """
-
-    tokenizer: Any
-
-    def tokenise(self, messages_or_text, *, add_generation_prompt: bool = True,
-                 **template_kwargs) -> "Tokens": ...
-
-
-def tokenizer_of(model_or_tokenizer):
-    """The mlx-lm tokenizer of a kvlab model (or the tokenizer itself)."""
-    return model_or_tokenizer.tokenizer if isinstance(model_or_tokenizer, Tokeniser) else model_or_tokenizer
-
-
-def hf_tokenizer(obj):
-    """The Hugging Face tokenizer inside a kvlab model, mlx-lm's TokenizerWrapper, or itself.
-
-    Example:
-        >>> hf_tokenizer(kv.load("tiny")).decode([14990])
-        'hello'
-    """
-    from mlx_lm.tokenizer_utils import TokenizerWrapper
-
-    obj = tokenizer_of(obj)
-    return obj._tokenizer if isinstance(obj, TokenizerWrapper) else obj
-
-
-def vocab_limit(tokenizer) -> int:
-    """How many token ids the tokenizer knows (base vocabulary plus added tokens)."""
-    return len(hf_tokenizer(tokenizer))
+        strip = f'<div style="white-space:pre-wrap;line-height:1.6">{"".join(cells)}{more}</div>'
+        return summary_html("Tokens", f"{len(self.ids)} ids", Html(legend), body=strip)
 
 
 def check_ids(ids: Sequence[int], vocab_size: int, what: str = "token ids") -> tuple[int, ...]:
@@ -157,94 +124,6 @@ def check_ids(ids: Sequence[int], vocab_size: int, what: str = "token ids") -> t
                                f"[0, {vocab_size}); tokenise text with kv.tokenise(model, ...)")
         out.append(v)
     return tuple(out)
-
-
-def validate_messages(messages: Sequence[dict]) -> list[dict]:
-    if not isinstance(messages, (list, tuple)) or len(messages) == 0:
-        raise TemplateError("empty conversation: pass at least one message like "
-                            "{'role': 'user', 'content': '...'}")
-    out = []
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict) or "role" not in m or "content" not in m:
-            raise TemplateError(f"message {i} must be a dict with 'role' and 'content', got {m!r:.80}")
-        if m["role"] not in KNOWN_ROLES:
-            raise TemplateError(f"message {i} has unknown role {m['role']!r}; "
-                                f"use one of {sorted(KNOWN_ROLES)}")
-        out.append(dict(m))
-    return out
-
-
-def render(tokenizer, messages, *, add_generation_prompt=True, **template_kwargs) -> str:
-    """The chat template's rendering of ``messages`` as text."""
-    hf = hf_tokenizer(tokenizer)
-    if not getattr(hf, "chat_template", None):
-        raise TemplateError("this tokenizer has no chat template; pass plain text or token ids, "
-                            "or load a model whose tokenizer_config.json has a chat_template")
-    try:
-        return hf.apply_chat_template(list(messages), tokenize=False,
-                                      add_generation_prompt=add_generation_prompt, **template_kwargs)
-    except Exception as e:  # jinja raises many types; the user needs the template's words
-        raise TemplateError(f"the chat template could not render this conversation: {e}") from e
-
-
-def encode_with_offsets(tokenizer, text: str, add_special_tokens=False):
-    hf = hf_tokenizer(tokenizer)
-    enc = hf(text, add_special_tokens=add_special_tokens, return_offsets_mapping=True)
-    return tuple(enc["input_ids"]), tuple(tuple(o) for o in enc["offset_mapping"])
-
-
-def message_char_spans(tokenizer, messages, text, template_kwargs) -> list[tuple[int, int]]:
-    """Each message's characters: the growth of the rendering as messages are added.
-
-    Templates that rewrite history (Qwen3 drops <think> from earlier turns) make a partial
-    rendering differ from the full one; then fall back to locating the content itself.
-    """
-    bounds = []
-    prev_end = 0
-    for i in range(len(messages)):
-        partial = render(tokenizer, messages[: i + 1], add_generation_prompt=False, **template_kwargs)
-        common = common_prefix_len(partial, text)
-        end = common if common > prev_end else prev_end
-        if common < len(partial):
-            found, content = _find_content(text, messages[i]["content"], prev_end)
-            if found >= 0:
-                end = max(end, found + len(content))
-                nxt = text.find("\n", end)
-                end = nxt + 1 if nxt >= 0 and i + 1 < len(messages) else end
-        bounds.append((prev_end, end))
-        prev_end = end
-    return bounds
-
-
-def _find_content(text: str, content, start: int) -> tuple[int, str]:
-    """Where a message's content sits in the rendering, also when the template rewrote it
-    (e.g. removed a <think> block); (-1, "") when it cannot be found."""
-    if not isinstance(content, str) or not content:
-        return -1, ""
-    for candidate in (content, re.sub(r"<think>.*?</think>\s*", "", content, flags=re.S).strip(),
-                      content.strip()[-40:]):
-        found = text.find(candidate, start) if candidate else -1
-        if found >= 0:
-            return found, candidate
-    return -1, ""
-
-
-def common_prefix_len(a, b) -> int:
-    """Length of the common prefix of two sequences (str, tuple, list)."""
-    n = min(len(a), len(b))
-    # compare C-level slices, then scan only the chunk that differs
-    for lo in range(0, n, 4096):
-        hi = min(lo + 4096, n)
-        if a[lo:hi] != b[lo:hi]:
-            return next(i for i in range(lo, hi) if a[i] != b[i])
-    return n
-
-
-def char_to_token_span(offsets, c0, c1) -> tuple[int, int]:
-    """The tokens [t0, t1) that cover characters [c0, c1), given each token's (start, end)."""
-    t0 = next((i for i, (a, b) in enumerate(offsets) if b > c0), len(offsets))
-    t1 = next((i for i, (a, b) in enumerate(offsets) if a >= c1 and i >= t0), len(offsets))
-    return t0, t1
 
 
 def tokenise(model, messages_or_text, *, add_generation_prompt=True, **template_kwargs) -> Tokens:
@@ -292,11 +171,6 @@ def tokenise_text(tokenizer, messages_or_text, *, add_generation_prompt=True, **
                   tuple(sorted(template_kwargs.items())))
 
 
-def has_content_lists(messages) -> bool:
-    """True when some message's content is a list of parts (images, text pieces)."""
-    return any(isinstance(m, dict) and isinstance(m.get("content"), (list, tuple)) for m in messages)
-
-
 def is_id_sequence(x) -> bool:
     """True for a non-empty list/tuple/1-d integer array of token ids."""
     if hasattr(x, "dtype") and hasattr(x, "ndim"):
@@ -304,11 +178,6 @@ def is_id_sequence(x) -> bool:
     return (isinstance(x, (list, tuple)) and len(x) > 0
             and all(isinstance(v, int) or (hasattr(v, "__index__") and not isinstance(v, bool)
                                            and not isinstance(v, dict)) for v in x))
-
-
-def is_messages(x) -> bool:
-    """True for a non-empty list/tuple of message dicts."""
-    return isinstance(x, (list, tuple)) and len(x) > 0 and all(isinstance(m, dict) for m in x)
 
 
 def from_ids(ids: Sequence[int], tokenizer=None, *, chatml_spans: bool = False) -> Tokens:
@@ -361,16 +230,24 @@ def _token_id(hf, token: str) -> int | None:
     return i if isinstance(i, int) and i != getattr(hf, "unk_token_id", None) else None
 
 
-def as_tokens(x, model=None, *, name: str = "prompt", chatml_spans: bool = False) -> Tokens:
+def as_tokens(x, model=None, *, name: str = "prompt", chatml_spans: bool = False,
+              allow_empty: bool = False) -> Tokens:
     """Anything a prompt can be, as ``Tokens``: Tokens (as they are), token ids (a sequence or a
     1-d integer array), text or messages (tokenised with ``model``, a kvlab model or tokenizer).
+    ``name`` names the prompt in errors; ``chatml_spans`` recovers message spans from raw ids
+    (``from_ids``); ``allow_empty`` turns an empty list or tuple into empty Tokens (a prefix of
+    every prompt) instead of an error.
 
     Example:
         >>> as_tokens([1, 2, 3]).ids
         (1, 2, 3)
+        >>> len(as_tokens([], allow_empty=True))
+        0
     """
     if isinstance(x, Tokens):
         return x
+    if allow_empty and isinstance(x, (list, tuple)) and not x:
+        return Tokens((), "", tokenizer=tokenizer_of(model) if model is not None else None)
     if isinstance(x, str) or is_messages(x):
         if model is None:
             raise TemplateError(f"{name} is text or messages, which need a model to tokenise: pass "

@@ -1,12 +1,11 @@
 """volatile_fields(): the spans of a prompt that change from request to request (e.g. the
-billing header's cch= value), found by diffing renderings.
+billing header's cch= value), found by diffing renderings (``volatile_fields`` shows it on chat
+requests).
 
 Example:
-    >>> requests = [[{"role": "system", "content": kv.workloads.BILLING_HEADER.format(cch=c)
-    ...               + "\\nBe brief."}, {"role": "user", "content": "Hi"}]
-    ...             for c in ("eb6c6", "1f2a9", "03d41")]
-    >>> kv.volatile_fields([kv.tokenise(m, r) for r in requests])[0]
-    VolatileField(cch in message 0 (system) chars 94:99 tokens 35:39, 3 distinct: 'eb6c6', ...)
+    >>> f = kv.volatile_fields(["session=abc1; hi", "session=xyz2; hi"])[0]
+    >>> f.name, f.examples
+    ('session', ('abc1', 'xyz2'))
 """
 
 from __future__ import annotations
@@ -17,6 +16,7 @@ from dataclasses import dataclass
 from difflib import SequenceMatcher
 from typing import Sequence
 
+from .display import Html, summary_html, table_html
 from .divergence import clipped, piece_html
 from ..errors import TemplateError
 from .tokens import Tokens, tokenise
@@ -65,15 +65,13 @@ class VolatileFields(list):
         return f"VolatileFields({len(self)}: {names})"
 
     def _repr_html_(self) -> str:
-        head = ("<tr><th>field</th><th>message</th><th>role</th><th>chars</th><th>tokens</th>"
-                "<th>values</th></tr>")
-        rows = "".join(
-            f"<tr><td><b>{html.escape(f.name or '?')}</b></td><td>{f.message_index}</td>"
-            f"<td>{html.escape(str(f.role))}</td><td>{f.char_start}:{f.char_end}</td>"
-            f"<td>{'' if f.token_start is None else f'{f.token_start}:{f.token_end}'}</td>"
-            f"<td style=\"font-family:monospace\">"
-            f"{' · '.join(piece_html(v) for v in f.examples[:5])}</td></tr>" for f in self)
-        return f"<div><b>{len(self)} volatile field(s)</b><table>{head}{rows}</table></div>"
+        rows = [(Html(f"<b>{html.escape(f.name or '?')}</b>"), f.message_index, f.role,
+                 f"{f.char_start}:{f.char_end}",
+                 "" if f.token_start is None else f"{f.token_start}:{f.token_end}",
+                 Html(f'<span style="font-family:monospace">'
+                      f"{' · '.join(piece_html(v) for v in f.examples[:5])}</span>")) for f in self]
+        table = table_html(("field", "message", "role", "chars", "tokens", "values"), rows)
+        return summary_html(f"{len(self)} volatile field(s)", body=table)
 
 
 # characters that end a value: `cch=eb6c6;` -> the value is `eb6c6`

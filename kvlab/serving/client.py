@@ -18,6 +18,7 @@ import time
 from ..errors import KvlabError
 from .metrics import request_metrics
 from .sessions import Turn
+from ..primitives.display import summary_html
 
 STATS_PATHS = ("/v1/cache/stats", "/kvlab/stats")  # vllm-mlx's and kvlab serve's counters
 
@@ -139,9 +140,7 @@ def _logprob_ids(logprobs) -> tuple[list[int] | None, list[float] | None]:
         return f"Sender({self.model!r}, {mode}, timeout={self.timeout}s)"
 
     def _repr_html_(self) -> str:
-        import html
-
-        return f"<code>{html.escape(repr(self))}</code>"
+        return summary_html(repr(self), code=True)
 
 
 async def model_name(http, base: str) -> str:

@@ -16,12 +16,12 @@ Example:
 
 from __future__ import annotations
 
-import html
 import threading
 import time
 from collections import deque
 
 import polars as pl
+from ..primitives.display import summary_html
 
 EVENT_SCHEMA = {"seq": pl.Int64, "request": pl.Int64, "step": pl.Int64, "event": pl.Utf8,
                 "tokens": pl.Int64, "bytes": pl.Int64, "entry": pl.Utf8, "t": pl.Float64,
@@ -87,4 +87,4 @@ class ServerEvents:
         return f"ServerEvents({len(self)} rows, step {self.step})"
 
     def _repr_html_(self) -> str:
-        return f"<code>{html.escape(repr(self))}</code>"
+        return summary_html(repr(self), code=True)

@@ -14,13 +14,13 @@ Example:
 
 from __future__ import annotations
 
-import html
 import itertools
 import logging
 import queue
 import threading
 import time
 
+from ..primitives.display import summary_html
 from ..result import Result, hit_rates
 
 log = logging.getLogger("kvlab.serving")
@@ -182,4 +182,4 @@ class Ledger:
         return f"Ledger({s['requests']} finished, {len(self.inflight)} running)"
 
     def _repr_html_(self) -> str:
-        return f"<code>{html.escape(repr(self))}</code>"
+        return summary_html(repr(self), code=True)

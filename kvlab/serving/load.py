@@ -18,10 +18,8 @@ Example:
 from __future__ import annotations
 
 import asyncio
-import html
 import math
 import os
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -31,6 +29,8 @@ import numpy as np
 import polars as pl
 
 from ..errors import RequestError
+from ..primitives.display import summary_html, table_html
+from ..primitives.files import atomic_write_with
 from .client import Sender, fetch_events, flatten, model_name, server_stats, warmup_request
 from .metrics import frame_of, summarise
 from .sessions import CHAT_SESSIONS, Session, sessions_for
@@ -79,17 +79,7 @@ class LoadResult:
 
     def write(self, path) -> Path:
         """The frame as parquet, written atomically (a temporary file, then ``os.replace``)."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        os.close(fd)
-        try:
-            self.frame.write_parquet(tmp)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        return path
+        return atomic_write_with(path, self.frame.write_parquet)
 
     def __repr__(self) -> str:
         s = self.summary
@@ -102,8 +92,8 @@ class LoadResult:
         keys = ("completed", "failed", "duration_s", "request_throughput", "output_throughput",
                 "ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50", "itl_ms_p50", "e2el_ms_p50",
                 "token_hit_rate", "request_hit_rate")
-        cells = "".join(f"<tr><td>{k}</td><td>{_fmt(s[k])}</td></tr>" for k in keys)
-        return f"<div><b>{html.escape(repr(self))}</b><table>{cells}</table></div>"
+        table = table_html(None, [(k, _fmt(s[k])) for k in keys], row_headers=True)
+        return summary_html(repr(self), body=table)
 
 
 def load_test(url: str, workload="multi_turn", **kw) -> LoadResult:
@@ -281,4 +271,4 @@ def _base_url(url: str) -> str:
 
 
 def _fmt(v) -> str:
-    return f"{v:.4g}" if isinstance(v, float) else html.escape(str(v))
+    return f"{v:.4g}" if isinstance(v, float) else str(v)

@@ -19,7 +19,6 @@ Example:
 from __future__ import annotations
 
 import atexit
-import html
 import os
 import re
 import shutil
@@ -35,6 +34,7 @@ from pathlib import Path
 
 from .._blas import env_with_fast_blas
 from ..errors import KvlabError
+from ..primitives.display import summary_html
 
 VLLM_MLX = "vllm-mlx==0.6.0"
 VLLM_MLX_DEPS = ("mlx-lm[cpu]==0.31.3", "fastapi", "starlette", "uvicorn", "psutil",
@@ -185,7 +185,7 @@ class PeerServer:
         return f"PeerServer({self.name} {self.mode} {self.model_path.name} at {self.url}, {state})"
 
     def _repr_html_(self) -> str:
-        return f"<code>{html.escape(repr(self))}</code>"
+        return summary_html(repr(self), code=True)
 
 
 def start_vllm_mlx(model="tiny", mode: str = "batched", *, port: int | None = None,

@@ -27,7 +27,6 @@ Example:
 
 from __future__ import annotations
 
-import html
 import json
 import os
 import threading
@@ -37,6 +36,7 @@ from ..errors import KvlabError
 from ..request import Request, Workload
 from ..primitives.blocks import chained_hashes
 from ..experiments.traces import MOONCAKE_BLOCK_SIZE
+from ..primitives.display import summary_html
 
 ID_BITS = (1 << 63) - 1
 
@@ -101,7 +101,7 @@ class Recorder:
         return f"Recorder({self.path}, {self.lines} lines{text})"
 
     def _repr_html_(self) -> str:
-        return f"<code>{html.escape(repr(self))}</code>"
+        return summary_html(repr(self), code=True)
 
 
 def read_records(path) -> list[dict]:

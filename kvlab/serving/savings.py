@@ -2,7 +2,8 @@
 
 A server's own counters say how many prompt tokens its cache "saved"; kvlab checks them against
 time. Serve prompts of several lengths with the cache *off*, one at a time, and fit
-``TTFT(n) = a + b*n + c*n^2`` (milliseconds; least squares). A cached request of ``n`` tokens with
+``TTFT(n) = a + b*n + c*n^2`` (milliseconds; least squares with b, c >= 0: the cost
+model's ``fit_nonneg``). A cached request of ``n`` tokens with
 TTFT ``t`` then really prefilled about ``TTFT^-1(t)`` tokens, so it reused
 ``n - TTFT^-1(t)`` (clamped to ``[0, n]``). Run the cached requests one at a time too (queueing
 behind other requests would read as prefill). The fit's residual (``rmse_ms``) divided by its
@@ -17,15 +18,16 @@ Example:
 
 from __future__ import annotations
 
-import html
 from dataclasses import dataclass
 
 import numpy as np
 import polars as pl
 
 from ..errors import RequestError
+from ..experiments.cost import fit_nonneg
 from ..request import Request, Workload
 from .sessions import block_ids, safe_ids
+from ..primitives.display import summary_html
 
 
 @dataclass(frozen=True)
@@ -66,7 +68,7 @@ class PrefillFit:
                 f"~ {self.resolution_tokens:.0f} tokens, {self.points} points)")
 
     def _repr_html_(self) -> str:
-        return f"<code>{html.escape(repr(self))}</code>"
+        return summary_html(repr(self), code=True)
 
 
 def fit_prefill(frame: pl.DataFrame) -> PrefillFit:
@@ -83,30 +85,14 @@ def fit_prefill(frame: pl.DataFrame) -> PrefillFit:
         raise RequestError(f"fitting prefill time needs cache-off requests of at least 3 different "
                            f"prompt lengths, got {sorted(set(n.astype(int).tolist()))}; run "
                            "calibration_workload(...) against the server with its cache off")
-    coef = _fit_nonneg(n, t)
+    # the cost model's fit on cached = 0; the intercept may go negative, the per-token terms not
+    A = np.stack([np.ones_like(n), n, n * n], axis=1)
+    coef = fit_nonneg(A, t, free=(0,), required=(0,))
     if coef[1] + 2 * coef[2] * n.max() <= 0:
         raise RequestError("prefill time does not grow with prompt length in this run (is the "
                            "cache really off, and were requests sent one at a time?)")
-    A = np.stack([np.ones_like(n), n, n * n], axis=1)
     rmse = float(np.sqrt(np.mean((A @ coef - t) ** 2)))
     return PrefillFit(tuple(float(x) for x in coef), rmse, len(n), int(n.max()))
-
-
-def _fit_nonneg(n: np.ndarray, t: np.ndarray) -> np.ndarray:
-    """Least squares for (a, b, c) with b, c >= 0 (prefill never gets cheaper per token): the full
-    quadratic, else the best of the fits with one of b, c fixed at zero."""
-    full = np.stack([np.ones_like(n), n, n * n], axis=1)
-    best = None
-    for cols in ((0, 1, 2), (0, 1), (0, 2)):
-        c, *_ = np.linalg.lstsq(full[:, cols], t, rcond=None)
-        coef = np.zeros(3)
-        coef[list(cols)] = c
-        if coef[1] < 0 or coef[2] < 0:
-            continue
-        err = float(np.sum((full @ coef - t) ** 2))
-        if best is None or err < best[0]:
-            best = (err, coef)
-    return best[1] if best is not None else np.zeros(3)
 
 
 def infer_reuse(frame: pl.DataFrame, fit: PrefillFit) -> pl.DataFrame:

@@ -25,7 +25,6 @@ Example:
 from __future__ import annotations
 
 import functools
-import html
 import math
 import re
 from dataclasses import dataclass
@@ -35,6 +34,7 @@ import numpy as np
 
 from ..errors import RequestError, TraceError
 from ..request import Request, Workload
+from ..primitives.display import summary_html
 
 CHAT_SESSIONS = ("multi_turn", "agentic_loop")
 SINGLE_TURN = ("shared_system_prompt", "prefix_repetition")
@@ -74,7 +74,7 @@ class Turn:
         return f"Turn({self.name!r} {self.endpoint} {what} max_tokens={self.max_tokens})"
 
     def _repr_html_(self) -> str:
-        return f"<code>{html.escape(repr(self))}</code>"
+        return summary_html(repr(self), code=True)
 
 
 @dataclass(frozen=True, eq=False)
@@ -90,7 +90,7 @@ class Session:
         return f"Session({self.index}, {len(self.turns)} turns{at})"
 
     def _repr_html_(self) -> str:
-        return f"<code>{html.escape(repr(self))}</code>"
+        return summary_html(repr(self), code=True)
 
 
 def sessions_for(workload, *, tokenizer=None, users: int = 8, seed: int = 0, time_scale: float = 1.0,

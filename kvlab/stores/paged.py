@@ -27,8 +27,6 @@ Example:
 
 from __future__ import annotations
 
-import html
-import itertools
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -39,9 +37,11 @@ from mlx.utils import tree_flatten, tree_map
 from ..errors import BlockSizeError, BudgetError, SnapshotError
 from ..keys import CacheKey
 from ..policies import KIND_PRIORITY, Unit, store_policy
+from ..primitives.display import summary_html, table_html
 from ..primitives.snapshots import LayerState, Snapshot
 from ..primitives.tokens import Tokens
-from .base import Capabilities, EventLog, Match, StoreBase, check_budget, default_budget
+from .base import Capabilities, Match
+from .budgeted import BudgetedStore
 
 
 @dataclass(eq=False)
@@ -65,11 +65,11 @@ class Block:
         return f"Block({self.hash.hex()[:12]}, {len(self.token_ids)} tokens, ref {self.ref_cnt})"
 
     def _repr_html_(self) -> str:
-        return (f"<code>block {self.id} {self.hash.hex()[:12]}</code> · {len(self.token_ids)} tokens · "
-                f"{self.nbytes} B · ref {self.ref_cnt} · {self.hits} hits")
+        return summary_html(f"block {self.id} {self.hash.hex()[:12]}", f"{len(self.token_ids)} tokens",
+                            f"{self.nbytes} B", f"ref {self.ref_cnt}", f"{self.hits} hits")
 
 
-class PagedStore(StoreBase):
+class PagedStore(BudgetedStore):
     """vLLM-style paged prefix cache (see module docstring).
 
     ``num_blocks`` is the pool size; ``budget_bytes`` (default 25% of RAM) also caps the resident
@@ -87,28 +87,18 @@ class PagedStore(StoreBase):
         if num_blocks is not None and (isinstance(num_blocks, bool) or not isinstance(num_blocks, int)
                                        or num_blocks <= 0):
             raise BudgetError(f"num_blocks must be a positive int (the pool size), got {num_blocks!r}")
+        super().__init__(budget_bytes, on_evict)  # on_evict(block_hash_hex, block snapshot)
         self.block_size = block_size
         self.num_blocks = num_blocks
-        self.budget_bytes = check_budget(budget_bytes if budget_bytes is not None else default_budget())
         # capacity in blocks; without num_blocks it is known once a snapshot gives a block's bytes
         self.policy = store_policy(policy, num_blocks, policy_params, store=self.name)
         self._policy_spec = None if num_blocks is not None or not isinstance(policy, str) else (policy, policy_params)
         self._blocks: dict[bytes, Block] = {}
         # free but cached blocks, front = evicted first (vLLM's FreeKVCacheBlockQueue)
         self._free: OrderedDict[bytes, Block] = OrderedDict()
-        self._bytes = 0
-        self._ids = itertools.count(1)
-        self._clock = itertools.count(1)
         self._unpageable = ""  # why the last snapshot offered could not be paged
-        self.evictions = 0
-        self.log = EventLog()
-        self.on_evict = on_evict  # on_evict(block_hash_hex, block snapshot) before a block leaves
 
     # -- protocol ---------------------------------------------------------------------------------
-    @property
-    def nbytes(self) -> int:
-        return self._bytes
-
     @property
     def entries(self) -> int:
         return len(self._blocks)
@@ -292,11 +282,11 @@ class PagedStore(StoreBase):
                 f"{len(self._free)} free, {self._bytes / 2**20:.1f} MiB, {self.evictions} evictions)")
 
     def _repr_html_(self) -> str:
-        note = f"<br><i>{html.escape(self._unpageable)}</i>" if self._unpageable else ""
-        return (f"<div><b>PagedStore</b> {len(self._blocks)}{self._pool()} blocks of "
-                f"{self.block_size} tokens · {len(self._free)} free (cached) · "
-                f"{self._bytes / 2**20:.2f} MiB · {self.evictions} evictions{note}</div>"
-                + self.blocks_frame().drop("token_ids").head(50)._repr_html_())
+        blocks = self.blocks_frame().drop("token_ids")
+        return summary_html("PagedStore", f"{len(self._blocks)}{self._pool()} blocks of "
+                            f"{self.block_size} tokens", f"{len(self._free)} free (cached)", f"{self._bytes / 2**20:.2f} MiB",
+                            f"{self.evictions} evictions", note=self._unpageable,
+                            body=table_html(blocks.columns, blocks.head(50).rows(), total=blocks.height))
 
 
 def _why_unpageable(snap: Snapshot) -> str:

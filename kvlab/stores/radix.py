@@ -21,16 +21,17 @@ Example:
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass, field
 
 import polars as pl
 
 from ..keys import CacheKey
 from ..policies import KIND_PRIORITY, Unit, store_policy
+from ..primitives.display import summary_html, table_html
 from ..primitives.snapshots import Snapshot, compact, non_trimmable_layers
 from ..primitives.tokens import Tokens, common_prefix_len
-from .base import Capabilities, MISS, NON_CAPACITY_REASONS, EventLog, Match, StoreBase, check_budget, default_budget, too_big
+from .base import MISS, NON_CAPACITY_REASONS, Capabilities, Match, too_big
+from .budgeted import BudgetedStore
 
 
 @dataclass(eq=False)
@@ -65,7 +66,7 @@ class Node:
             yield from child.walk()
 
 
-class RadixStore(StoreBase):
+class RadixStore(BudgetedStore):
     """Token-level radix tree (see module docstring). ``budget_bytes`` defaults to 25% of RAM;
     ``policy`` (a name or a ``kvlab.policies.Policy``) and ``policy_params`` choose eviction."""
 
@@ -73,23 +74,13 @@ class RadixStore(StoreBase):
 
     def __init__(self, budget_bytes: int | None = None, *, subsume: bool = True, policy="lru",
                  policy_params: dict | None = None, on_evict=None):
-        self.budget_bytes = check_budget(budget_bytes if budget_bytes is not None else default_budget())
+        super().__init__(budget_bytes, on_evict)  # on_evict(entry_id: str, snapshot)
         self.policy = store_policy(policy, self.budget_bytes, policy_params, store=self.name)
         self.subsume = subsume
-        self.on_evict = on_evict  # on_evict(entry_id: str, snapshot) before an entry leaves for room
-        self._ids = itertools.count(1)
-        self._clock = itertools.count(1)
         self.root = Node((), None, 0, id=0)
         self._entries: dict[int, tuple[Entry, Node]] = {}
-        self._bytes = 0
-        self.evictions = 0
-        self.log = EventLog()
 
     # -- protocol ---------------------------------------------------------------------------------
-    @property
-    def nbytes(self) -> int:
-        return self._bytes
-
     @property
     def entries(self) -> int:
         return len(self._entries)
@@ -312,8 +303,10 @@ class RadixStore(StoreBase):
                 f"{self.budget_bytes / 2**20:.0f} MiB, {self.evictions} evictions)")
 
     def _repr_html_(self) -> str:
-        return (f"<div><b>RadixStore</b> {self.entries} entries · {self._bytes / 2**20:.2f} MiB of "
-                f"{self.budget_bytes / 2**20:.0f} MiB · {self.evictions} evictions</div>"
-                + self.entries_frame()._repr_html_())
+        entries = self.entries_frame()
+        return summary_html("RadixStore", f"{self.entries} entries",
+                            f"{self._bytes / 2**20:.2f} MiB of {self.budget_bytes / 2**20:.0f} MiB",
+                            f"{self.evictions} evictions",
+                            body=table_html(entries.columns, entries.head(50).rows(), total=entries.height))
 
 

@@ -8,12 +8,12 @@ Example:
 
 from __future__ import annotations
 
-import html
 from dataclasses import dataclass, field
 
 import polars as pl
 
 from ..primitives.snapshots import Snapshot
+from ..primitives.display import summary_html, table_html
 
 
 @dataclass(eq=False)
@@ -56,7 +56,7 @@ class Node:
         return f"Node({self.id}, tokens [{self.start}, {self.depth}), {self.nbytes} B, {len(self.children)} children)"
 
     def _repr_html_(self) -> str:
-        return f"<code>{html.escape(repr(self))}</code>"
+        return summary_html(repr(self), code=True)
 
 
 def edge_ids(edge: tuple) -> list[int]:
@@ -80,8 +80,8 @@ def frame_of(root: Node) -> pl.DataFrame:
 
 def html_of(store, note: str = "") -> str:
     """A store's _repr_html_: its summary line and its first 50 nodes."""
-    why = f"<br><i>{html.escape(note)}</i>" if note else ""
-    frame = frame_of(store.root).drop("edge_ids").head(50)
-    return (f"<div><b>SharedRadixStore</b> {store.entries} nodes · {store.nbytes / 2**20:.2f} MiB of "
-            f"{store.budget_bytes / 2**20:.0f} MiB · {store.evictions} evictions · policy "
-            f"{html.escape(store.policy.name)}{why}</div>" + frame._repr_html_())
+    frame = frame_of(store.root).drop("edge_ids")
+    return summary_html("SharedRadixStore", f"{store.entries} nodes",
+                        f"{store.nbytes / 2**20:.2f} MiB of {store.budget_bytes / 2**20:.0f} MiB",
+                        f"{store.evictions} evictions", f"policy {store.policy.name}", note=note,
+                        body=table_html(frame.columns, frame.head(50).rows(), total=frame.height))

@@ -36,7 +36,6 @@ Example:
 
 from __future__ import annotations
 
-import itertools
 
 import polars as pl
 
@@ -45,14 +44,15 @@ from ..keys import CacheKey
 from ..policies import KIND_PRIORITY, Unit, store_policy
 from ..primitives.snapshots import Snapshot
 from ..primitives.tokens import Tokens, common_prefix_len
-from .base import Capabilities, EventLog, Match, StoreBase, check_budget, default_budget, too_big
+from .base import Capabilities, Match, too_big
+from .budgeted import BudgetedStore
 from .edge_kv import cut, join, nbytes_of, why_unsliceable
 from .shared_node import Node, edge_ids, frame_of, html_of
 
 SPLIT = "split"  # the reason logged when a node is replaced by its two halves
 
 
-class SharedRadixStore(StoreBase):
+class SharedRadixStore(BudgetedStore):
     """Radix tree of shared KV slices (see module docstring). ``budget_bytes`` defaults to 25% of
     RAM; ``policy`` (a name or a ``kvlab.policies.Policy``) and ``policy_params`` choose which
     leaf goes; ``on_evict(node_id: str, snapshot)`` receives the KV of the whole path down to a
@@ -62,24 +62,14 @@ class SharedRadixStore(StoreBase):
 
     def __init__(self, budget_bytes: int | None = None, *, policy="lru", policy_params: dict | None = None,
                  on_evict=None):
-        self.budget_bytes = check_budget(budget_bytes if budget_bytes is not None else default_budget())
+        super().__init__(budget_bytes, on_evict)
         self.policy = store_policy(policy, self.budget_bytes, policy_params, store=self.name)
-        self.on_evict = on_evict
-        self._ids = itertools.count(1)
-        self._clock = itertools.count(1)
         self.root = Node(0, (), None, 0, None, "root")
         self._nodes: dict[int, Node] = {}
-        self._bytes = 0
         self._fingerprint: str | None = None
         self._unsliceable = ""  # why the last snapshot offered could not be cut per token
-        self.evictions = 0
-        self.log = EventLog()
 
     # -- protocol ---------------------------------------------------------------------------------
-    @property
-    def nbytes(self) -> int:
-        return self._bytes
-
     @property
     def entries(self) -> int:
         """Nodes holding KV (the root holds none)."""

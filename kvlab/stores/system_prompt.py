@@ -18,7 +18,6 @@ Example:
 
 from __future__ import annotations
 
-import html
 import itertools
 from dataclasses import dataclass
 
@@ -27,6 +26,7 @@ from ..errors import BoundaryError
 from ..keys import CacheKey
 from ..primitives.snapshots import Snapshot, compact, non_trimmable_layers, trim
 from ..primitives.tokens import Tokens
+from ..primitives.display import summary_html
 from .base import Capabilities, EventLog, Match, StoreBase, check_budget, default_budget, too_big
 
 
@@ -46,7 +46,7 @@ class SystemEntry:
         return f"SystemEntry(#{self.id} {self.tokens} tokens, {self.nbytes} B, {self.hits} hits)"
 
     def _repr_html_(self) -> str:
-        return f"<code>{html.escape(repr(self))}</code>"
+        return summary_html(repr(self), code=True)
 
 
 class SystemPromptStore(StoreBase):
@@ -135,7 +135,7 @@ class SystemPromptStore(StoreBase):
                 f"{self.entry.hits} hits, {self.evictions} invalidations)")
 
     def _repr_html_(self) -> str:
-        return f"<div><b>SystemPromptStore</b> {html.escape(repr(self)[len('SystemPromptStore'):])}</div>"
+        return summary_html("SystemPromptStore", repr(self)[len("SystemPromptStore"):])
 
 
 def _span_cut(tokens: Tokens) -> tuple[int, str]:

@@ -25,7 +25,6 @@ Example:
 
 from __future__ import annotations
 
-import html
 from collections import OrderedDict
 from dataclasses import replace
 
@@ -33,6 +32,7 @@ import polars as pl
 
 from ..errors import BlockSizeError, BudgetError, KvlabError
 from ..keys import CacheKey
+from ..primitives.display import summary_html, table_html
 from ..primitives.snapshots import Snapshot
 from ..primitives.tokens import Tokens
 from ..primitives.units import fmt_bytes
@@ -242,8 +242,8 @@ class TieredStore(StoreBase):
                 f"disk {s['hits_disk']})")
 
     def _repr_html_(self) -> str:
-        rows = "".join(f"<tr><td>{k}</td><td>{v}</td></tr>" for k, v in self.stats().items())
-        return f"<div><b>TieredStore</b> {html.escape(repr(self))}<table>{rows}</table></div>"
+        return summary_html("TieredStore", repr(self),
+                            body=table_html(None, self.stats().items(), row_headers=True))
 
 
 def hits_by_tier(events: pl.DataFrame) -> pl.DataFrame:

@@ -13,6 +13,7 @@ import polars as pl
 
 from ..experiments.replay import replay
 from ..stores import RadixStore
+from ..primitives.display import summary_html
 
 MODES = ("entries", "blocks")
 CURVE_POINTS = 24
@@ -90,4 +91,4 @@ class BudgetReplay:
         return f"BudgetReplay({len(self.engine.results)} requests, blocks of {self.block_size})"
 
     def _repr_html_(self) -> str:
-        return f"<code>{repr(self)}</code>"
+        return summary_html(repr(self), code=True)

@@ -23,6 +23,7 @@ import plotly.graph_objects as go
 import polars as pl
 
 from ..errors import VizError
+from ..primitives.display import Html, summary_html
 from ..primitives.tokens import common_prefix_len
 from ..primitives.units import fmt_bytes
 from ..stores.base import Capabilities
@@ -146,10 +147,7 @@ class Inspector:
         """Redraw everything from the engine's current results, events and store."""
         results = self.engine.results
         s = self.engine.stats()
-        self.header.value = (
-            f"<b>kvlab Inspector</b> · {s['requests']} requests · token hit "
-            f"<b>{s['token_hit_rate']:.1%}</b> · request hit <b>{s['request_hit_rate']:.1%}</b> · "
-            f"{s['entries']} entries · {fmt_bytes(s['bytes'])} · {s['evictions']} evictions")
+        self.header.value = self._header(s)
         options = [(f"#{r.request_id} {r.match} {r.reused_tokens}/{r.prompt_tokens}", r.request_id)
                    for r in results]
         follow = self.request.value is None or (len(self.request.options) > 0
@@ -325,11 +323,19 @@ class Inspector:
         return (f"Inspector({s['requests']} requests, token hit {s['token_hit_rate']:.1%}, "
                 f"budget {fmt_bytes(self._budget_bytes())})")
 
+    @staticmethod
+    def _header(s: dict, *more) -> str:
+        return summary_html("kvlab Inspector", f"{s['requests']} requests",
+                            Html(f"token hit <b>{s['token_hit_rate']:.1%}</b>"),
+                            Html(f"request hit <b>{s['request_hit_rate']:.1%}</b>"),
+                            f"{s['entries']} entries", fmt_bytes(s["bytes"]), f"{s['evictions']} evictions",
+                            *more)
+
     def _repr_html_(self) -> str:
-        sim = self.resimulate(self._budget_bytes())
-        extra = (f" · replay at {fmt_bytes(self._budget_bytes())}: token hit {sim['token_hit_rate']:.1%}"
-                 if sim else "")
-        return f"<div>{self.header.value}{extra}</div>"
+        budget = self._budget_bytes()
+        sim = self.resimulate(budget)
+        replay = f"replay at {fmt_bytes(budget)}: token hit {sim['token_hit_rate']:.1%}" if sim else None
+        return self._header(self.engine.stats(), replay)
 
     def _ipython_display_(self) -> None:
         from IPython.display import display

@@ -27,10 +27,8 @@ def prompt_tokens(x, tokenizer, name: str) -> Tokens:
 
     if isinstance(x, Result):
         x = x.prompt_ids
-    if isinstance(x, (list, tuple)) and len(x) == 0:
-        return Tokens((), "", tokenizer=tokenizer_from(tokenizer))
     try:
-        return as_tokens(x, tokenizer, name=name, chatml_spans=True)
+        return as_tokens(x, tokenizer, name=name, chatml_spans=True, allow_empty=True)
     except (TemplateError, TokenIdError) as e:
         hint = (" (kv.viz.divergence takes the model as its third argument: divergence(a, b, model))"
                 if tokenizer is None and isinstance(e, TemplateError) else "")

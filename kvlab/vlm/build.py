@@ -12,7 +12,6 @@ Example:
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -24,8 +23,7 @@ _blas.load_fast_blas()  # before mlx.core
 import mlx.core as mx  # noqa: E402
 import numpy as np  # noqa: E402
 
-from ..models.folders import digest_files, ensure_folder, kvlab_home, sha256_json  # noqa: E402
-from ..models.loading import QWEN_FILES, TINY_SEED, qwen_tokenizer_dir, qwen_vocab_size  # noqa: E402
+from ..models.tiny import ensure_tiny_folder, qwen_tokenizer_dir, qwen_vocab_size, tiny_rng  # noqa: E402
 
 TINY_VLM_VERSION = 1  # bump when the tiny VLM builder's output changes
 
@@ -80,14 +78,8 @@ def tiny_vlm_config() -> dict:
 def ensure_tiny_vlm(with_status: bool = False):
     """The tiny VLM's folder, built once (temp dir + rename, like kv.load's tiny models);
     ``with_status=True`` gives ``(folder, built_now)``."""
-    cfg = tiny_vlm_config()
-    expect = {"name": "tiny-vlm", "builder": f"tiny-vlm-{TINY_VLM_VERSION}", "seed": TINY_SEED,
-              "dtype": "float32", "preprocessor": TINY_PREPROCESSOR,
-              "source": {"tokenizer_sha256": digest_files(qwen_tokenizer_dir(), QWEN_FILES)}}
-    digest = sha256_json({"config": cfg, **expect})[:12]
-    folder = kvlab_home() / "models" / f"tiny-qwen2vl-{digest}"
-    result = ensure_folder(folder, expect, lambda tmp: build_tiny_vlm(tmp, cfg))
-    return result if with_status else result[0]
+    return ensure_tiny_folder("tiny-qwen2vl", tiny_vlm_config(), build_tiny_vlm, with_status, name="tiny-vlm",
+                              builder=f"tiny-vlm-{TINY_VLM_VERSION}", preprocessor=TINY_PREPROCESSOR)
 
 
 def build_tiny_vlm(out: Path, cfg: dict) -> None:
@@ -103,16 +95,13 @@ def build_tiny_vlm(out: Path, cfg: dict) -> None:
     model = model_class.Model(model_config)
     params = {}
     for name, p in tree_flatten(model.parameters()):
-        # one generator per parameter name, so weights don't depend on mlx-vlm's init order
-        rng = np.random.default_rng(int.from_bytes(hashlib.sha256(
-            f"{TINY_SEED}:{name}".encode()).digest()[:8], "little"))
         if p.ndim == 1:  # norm scales one, biases zero
             norm = any(k in name for k in ("norm", "ln_q")) and name.endswith("weight")
             value = np.ones(p.shape, np.float32) if norm else np.zeros(p.shape, np.float32)
         else:
             # embeddings std 0.25 keep tied logits near std 2; other weights preserve scale
             std = 0.25 if "embed_tokens" in name else 1 / np.sqrt(np.prod(p.shape[1:]))
-            value = rng.standard_normal(p.shape, dtype=np.float32) * np.float32(std)
+            value = tiny_rng(name).standard_normal(p.shape, dtype=np.float32) * np.float32(std)
         params[name] = mx.array(value)
     model.update(tree_unflatten(list(params.items())))
     src = qwen_tokenizer_dir()

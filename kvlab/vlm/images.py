@@ -29,6 +29,7 @@ import mlx.core as mx  # noqa: E402
 import numpy as np  # noqa: E402
 
 from ..errors import ImageError  # noqa: E402
+from ..primitives.display import Html, summary_html  # noqa: E402
 
 
 def load_image(source, where: str = "image"):
@@ -132,8 +133,8 @@ class Pixels(NamedTuple):
         return f"Pixels({self.hash[:12]}, grid {t}x{h}x{w}, {self.tokens} tokens)"
 
     def _repr_html_(self) -> str:
-        return (f"<div><b>Pixels</b> <code>{self.hash[:16]}</code> · grid {self.grid} · "
-                f"{self.tokens} image tokens · patches {tuple(self.pixel_values.shape)}</div>")
+        return summary_html("Pixels", Html(f"<code>{self.hash[:16]}</code>"), f"grid {self.grid}",
+                            f"{self.tokens} image tokens", f"patches {tuple(self.pixel_values.shape)}")
 
 
 def placeholder_runs(ids, token_id) -> list[tuple[int, int]]:

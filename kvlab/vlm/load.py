@@ -15,11 +15,9 @@ from .. import _blas
 
 _blas.load_fast_blas()  # before mlx.core
 
-import mlx.core as mx  # noqa: E402
-
 from ..errors import KvlabError, ModelNotFoundError, VLMUnavailableError  # noqa: E402
 from ..models.folders import TOKENIZER_FILES, digest_files, read_manifest, sha256_json  # noqa: E402
-from ..models.loading import DTYPES, context_length_of, default_dtype, stored_dtype  # noqa: E402
+from ..models.loading import DTYPES, cast, context_length_of  # noqa: E402
 from .build import PROCESSOR_FILES, ensure_tiny_vlm  # noqa: E402
 from .model import VLModel  # noqa: E402
 
@@ -80,11 +78,7 @@ def load_folder(folder: Path, name: str, dtype: str | None) -> VLModel:
         model, processor = mlx_vlm.load(str(folder))  # an existing local folder: never the hub
     except (ValueError, FileNotFoundError, KeyError, OSError) as e:
         raise ModelNotFoundError(f"mlx-vlm cannot load {folder}: {e}. {HOW}") from e
-    stored = stored_dtype(model)
-    if dtype is None:
-        dtype = default_dtype() if stored in ("float16", "bfloat16") else stored
-    if dtype != stored:
-        model.set_dtype(getattr(mx, dtype))
+    dtype = cast(model, dtype)
     hf = processor.tokenizer
     if not getattr(hf, "chat_template", None):
         raise ModelNotFoundError(f"{folder} has no chat template (chat_template.json or "

@@ -11,7 +11,6 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import html
 from collections import OrderedDict
 from typing import Any
 
@@ -24,15 +23,17 @@ import numpy as np  # noqa: E402
 
 from ..errors import ImageError, KvlabError, TemplateError  # noqa: E402
 from ..models.loading import Model  # noqa: E402
-from ..primitives.tokens import (ImageRef, Span, Tokens, char_to_token_span, encode_with_offsets,  # noqa: E402
-                      has_content_lists, is_messages, message_char_spans, render, validate_messages)
+from ..primitives.chat_template import (char_to_token_span, encode_with_offsets,  # noqa: E402
+                                        has_content_lists, is_messages, message_char_spans, render,
+                                        validate_messages)
+from ..primitives.tokens import ImageRef, Span, Tokens  # noqa: E402
 from .images import Pixels, image_hash, image_source, load_image, placeholder_runs  # noqa: E402
 from .net import RequestModel, cache_offset  # noqa: E402
 
 IMAGE_MEMO = 64  # processed images kept per model (keyed by pixel hash)
 
 
-@dataclasses.dataclass(frozen=True, eq=False)
+@dataclasses.dataclass(frozen=True, eq=False, repr=False)  # Model's repr and table, named VLModel
 class VLModel(Model):
     """A loaded mlx-vlm model (``kind="vlm"``): ``.model`` is the mlx-vlm module, ``.tokenizer`` an
     mlx-lm TokenizerWrapper, ``.processor`` the mlx-vlm processor. Its cache is mlx-lm KVCache
@@ -203,12 +204,3 @@ class VLModel(Model):
                 "vision": f"{vc.get('depth', '?')} blocks, embed {vc.get('embed_dim', '?')}",
                 "images memoised": len(self._memo)}
 
-    def __repr__(self) -> str:
-        f = self._fields()
-        return (f"VLModel({f['name']!r}, {f['arch']}, {f['layers']} layers, {f['params']} params, "
-                f"{f['dtype']}, context {f['context']}, fingerprint {f['fingerprint']})")
-
-    def _repr_html_(self) -> str:
-        rows = "".join(f"<tr><th style='text-align:left'>{k}</th><td>{html.escape(str(v))}</td></tr>"
-                       for k, v in self._fields().items())
-        return f"<table><caption>kvlab VLModel</caption>{rows}</table>"

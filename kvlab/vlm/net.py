@@ -13,7 +13,6 @@ Example:
 
 from __future__ import annotations
 
-import html
 
 from .. import _blas
 
@@ -22,6 +21,7 @@ _blas.load_fast_blas()  # before mlx.core
 import mlx.core as mx  # noqa: E402
 
 from ..errors import ImageError, KvlabError, TokenIdError  # noqa: E402
+from ..primitives.display import summary_html, table_html  # noqa: E402
 from ..primitives.tokens import Tokens  # noqa: E402
 from .images import Pixels, image_parts, image_source, load_image, placeholder_runs  # noqa: E402
 
@@ -192,7 +192,5 @@ class RequestModel:
                 f"{self.vision_calls} vision calls)")
 
     def _repr_html_(self) -> str:
-        rows = "".join(f"<tr><td>{i}</td><td><code>{im.hash[:12]}</code></td><td>{im.token_start}:"
-                       f"{im.token_end}</td></tr>" for i, im in enumerate(self.images))
-        return (f"<div><b>RequestModel</b> {html.escape(repr(self))}<table><tr><th>image</th>"
-                f"<th>hash</th><th>tokens</th></tr>{rows}</table></div>")
+        rows = [(i, im.hash[:12], f"{im.token_start}:{im.token_end}") for i, im in enumerate(self.images)]
+        return summary_html("RequestModel", repr(self), body=table_html(("image", "hash", "tokens"), rows))

@@ -8,30 +8,16 @@ SIGSEGV (returncode < 0) or prints no TokenIdError for the negative id."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-import textwrap
-
 import pytest
+from child_attempts import run_attempts
 
 pytestmark = pytest.mark.model
 
-CHILD = textwrap.dedent("""
-    import json
-    import kvlab as kv
+CHILD = """
     from kvlab.primitives.tokens import from_ids
 
     m = kv.load("tiny")
     V = m.vocab_size
-    out = {}
-
-    def attempt(name, fn):
-        try:
-            fn()
-            out[name] = "no error"
-        except kv.KvlabError as e:
-            out[name] = f"{type(e).__name__}: {e}"
 
     engine = kv.Engine(m, kv.RadixStore())
     attempt("engine_huge", lambda: engine.run([10**9, 5], max_tokens=1))
@@ -44,18 +30,12 @@ CHILD = textwrap.dedent("""
     attempt("tokenise_ids", lambda: kv.tokenise(m, [V * 2]))
     attempt("save_missing_dir", lambda: kv.save(kv.snapshot(kv.prefill(m, [1, 2])[1], model=m),
                                                 "missing/dir/x.safetensors"))
-    print("RESULTS " + json.dumps({"vocab": V, **out}))
-""")
+"""
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    cwd = tmp_path_factory.mktemp("entry")
-    proc = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, cwd=cwd,
-                          timeout=300)
-    assert proc.returncode == 0, f"the child died (returncode {proc.returncode}): {proc.stderr[-2000:]}"
-    line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULTS "))
-    return json.loads(line[len("RESULTS "):])
+    return run_attempts(CHILD, tmp_path_factory.mktemp("entry"))
 
 
 @pytest.mark.parametrize("case, position, value", [

@@ -379,22 +379,12 @@ def test_request_model_checks_ids(vlm):
 
 
 CHILD = """
-import json
-import kvlab as kv
 import mlx.core as mx
 
 vlm = kv.load_vlm("tiny")
 V = vlm.vocab_size
 msgs = [{"role": "user", "content": "Hi"}]
 toks = kv.tokenise(vlm, msgs)
-out = {}
-
-def attempt(name, fn):
-    try:
-        fn()
-        out[name] = "no error"
-    except kv.KvlabError as e:
-        out[name] = f"{type(e).__name__}: {e}"
 
 net = vlm.for_request(toks)
 attempt("prefill_vlm", lambda: kv.prefill(vlm, [1, 10**9]))
@@ -402,7 +392,6 @@ attempt("prefill_net", lambda: kv.prefill(net, [1, 2, V]))
 attempt("call_net", lambda: net(mx.array([[10**9]]), cache=vlm.make_cache()))
 attempt("call_text_net", lambda: vlm.net(mx.array([[3, V + 7]]), cache=vlm.make_cache()))
 attempt("engine", lambda: kv.Engine(vlm, kv.RadixStore()).run([4, -5], max_tokens=1))
-print("RESULTS " + json.dumps({"vocab": V, **out}))
 """
 
 
@@ -410,14 +399,9 @@ def test_out_of_vocabulary_ids_get_a_kvlab_error_not_a_crash(tmp_path):
     """Issue 9 §7 for the VLM: MLX gathers embeddings without a bounds check, so an id past the
     vocabulary kills the process. Run in a child that must survive. Mutant caught: drop the range
     check in RequestModel._checked -> the child dies (call_net, call_text_net)."""
-    import json
-    import subprocess
-    import sys
+    from child_attempts import run_attempts
 
-    proc = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True,
-                          cwd=tmp_path, timeout=300)
-    assert proc.returncode == 0, f"the child died ({proc.returncode}): {proc.stderr[-2000:]}"
-    got = json.loads(next(x for x in proc.stdout.splitlines() if x.startswith("RESULTS "))[8:])
+    got = run_attempts(CHILD, tmp_path)  # asserts the child survived
     v = got["vocab"]
     for case, position, value in (("prefill_vlm", 1, 10**9), ("prefill_net", 2, v),
                                   ("call_net", 0, 10**9), ("call_text_net", 1, v + 7),

@@ -63,7 +63,7 @@ def test_bench_write_regenerates_the_whole_file(tmp_path, capsys):
     assert "| xxh3_128 |" in printed and f"wrote {out}" in printed
     assert main(argv) == 0
     assert out.read_text().count("# kvlab benchmarks") == 1  # regenerated, not appended
-    assert not (tmp_path / "BENCH.md.tmp").exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["BENCH.md"]  # no temporary left behind
 
 
 def test_readme_block_is_rewritten_from_the_same_run(tmp_path, capsys):

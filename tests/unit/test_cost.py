@@ -8,7 +8,7 @@ import polars as pl
 import pytest
 
 import kvlab as kv
-from kvlab.experiments.cost import CostModel, annotate, fit, fit_coefficients, sweep_seconds
+from kvlab.experiments.cost import CostModel, annotate, fit, fit_coefficients, fit_nonneg, sweep_seconds
 from kvlab.errors import KvlabError
 
 A, B, C, D = 0.02, 3e-4, 4e-7, 2.5e-7
@@ -34,6 +34,25 @@ def test_fit_recovers_noise_free_coefficients_and_stays_non_negative():
     t = (A + C * n * c + D * n * n) * np.where(np.arange(len(n)) % 2, 1.03, 0.97)
     coef = fit_coefficients(points(c, n, t))
     assert min(coef) >= 0 and coef[2] == pytest.approx(C, rel=0.1)
+
+
+def test_fit_nonneg_keeps_signs_frees_what_it_is_told_and_weights_rows():
+    n = np.array([16.0, 64, 256, 1024, 2048])
+    X = np.stack([np.ones_like(n), n, n * n], axis=1)
+    assert fit_nonneg(X, 20 + 0.5 * n + 1e-4 * n * n) == pytest.approx([20, 0.5, 1e-4], rel=1e-9)
+    # a negative intercept: refused unless the column is free (then exact again)
+    t = -30 + 0.5 * n + 1e-4 * n * n
+    kept = fit_nonneg(X, t)
+    assert min(kept) >= 0 and kept[0] == 0.0
+    assert fit_nonneg(X, t, free=(0,), required=(0,)) == pytest.approx([-30, 0.5, 1e-4], rel=1e-9)
+    # falling times: no subset with the intercept required is feasible but the intercept alone
+    got = fit_nonneg(X, 100 - 0.01 * n, free=(0,), required=(0,))
+    assert got[1] == got[2] == 0.0 and got[0] == pytest.approx(np.mean(100 - 0.01 * n))
+    assert fit_nonneg(X[:, 1:], -n).tolist() == [0.0, 0.0]  # nothing feasible: zeros
+    # weights: the rows that weigh most are the ones fitted (a line through the first two points)
+    y = np.array([1.0, 2.0, 10.0])
+    w = fit_nonneg(np.stack([np.ones(3), [1.0, 2.0, 3.0]], axis=1), y, weights=[1e6, 1e6, 1e-6])
+    assert w == pytest.approx([0.0, 1.0], abs=1e-6)
 
 
 def test_annotate_adds_the_formulas_seconds_per_request_and_in_total():
