@@ -10,7 +10,6 @@ Example:
 
 from __future__ import annotations
 
-import html
 import itertools
 import time
 
@@ -23,6 +22,7 @@ from .checkpoints import check_policy, positions
 from .errors import KvlabError, RequestError
 from .keys import CacheKey, cache_key
 from .policies.reasons import ALL_REASONS
+from .primitives.display import summary_html, table_html
 from .primitives.kv_format import check_settings, check_start, head_dims_of
 from .primitives.snapshots import advance, make_cache, prefill, snapshot
 from .primitives.tokens import Tokens, common_prefix_len, is_id_sequence
@@ -289,7 +289,6 @@ class Engine:
     def _repr_html_(self) -> str:
         s = self.stats()
         s["miss_reasons"] = ", ".join(f"{k} {n}" for k, n in s["miss_reasons"].items() if n) or "none"
-        cells = "".join(f"<tr><td>{k}</td><td>{v:.3f}</td></tr>" if isinstance(v, float)
-                        else f"<tr><td>{k}</td><td>{html.escape(str(v))}</td></tr>" for k, v in s.items())
-        return (f"<div><b>Engine</b> {html.escape(repr(self))}<table>{cells}</table></div>")
+        rows = [(k, f"{v:.3f}" if isinstance(v, float) else v) for k, v in s.items()]
+        return summary_html("Engine", repr(self), body=table_html(None, rows, row_headers=True))
 

@@ -13,6 +13,7 @@ import html
 from dataclasses import asdict, dataclass, field
 
 from .policies.reasons import ALL_REASONS
+from .primitives.display import Html, summary_html
 
 
 def hit_rates(pairs) -> dict:
@@ -78,15 +79,15 @@ class Result:
 
     def _repr_html_(self) -> str:
         bar = int(300 * self.reuse_ratio)
-        why = f"<br><i>{html.escape(self.why)}</i>" if self.why else ""
-        drift = (f"<br>re-tokenisation drift at token {self.drift_index}"
-                 if self.drift_index is not None else "")
-        v = "" if self.verify_diff is None else f" · verify max|Δlogit| {self.verify_diff:.2e}"
         missed = ", ".join(f"{k} {n}" for k, n in self.miss_reasons.items() if n)
-        why += f"<br>missed: {html.escape(missed)}" if missed else ""
-        return (f"<div><b>Request #{self.request_id}</b> <code>{self.match}</code> · reused "
-                f"{self.reused_tokens}/{self.prompt_tokens} tokens · TTFT {self.ttft_s * 1e3:.1f} ms "
-                f"(prefill {self.prefill_s * 1e3:.1f} ms){v}"
-                f'<div style="width:300px;height:8px;background:#eee"><div style="width:{bar}px;'
-                f'height:8px;background:#2a7"></div></div>{why}{drift}'
-                f"<pre style='white-space:pre-wrap'>{html.escape(self.text[:500])}</pre></div>")
+        lines = [self.why, f"missed: {missed}" if missed else "",
+                 f"re-tokenisation drift at token {self.drift_index}" if self.drift_index is not None else ""]
+        body = Html(f'<div style="width:300px;height:8px;background:#eee"><div style="width:{bar}px;'
+                    f'height:8px;background:#2a7"></div></div>'
+                    f"<pre style='white-space:pre-wrap'>{html.escape(self.text[:500])}</pre>")
+        return summary_html(
+            f"Request #{self.request_id}", Html(f"<code>{html.escape(self.match)}</code>"),
+            f"reused {self.reused_tokens}/{self.prompt_tokens} tokens",
+            f"TTFT {self.ttft_s * 1e3:.1f} ms (prefill {self.prefill_s * 1e3:.1f} ms)",
+            None if self.verify_diff is None else f"verify max|Δlogit| {self.verify_diff:.2e}",
+            note=" · ".join(x for x in lines if x), body=body)

@@ -35,6 +35,7 @@ from dataclasses import dataclass, replace
 from .errors import NotTrimmableError, SnapshotError
 from .keys import CacheKey
 from .miss_reasons import Explained, MissIndex
+from .primitives.display import summary_html
 from .primitives.kv_format import check_reusable
 from .primitives.snapshots import Snapshot, restore, trim
 from .stores.base import MISS, Match, StoreEvent
@@ -68,9 +69,7 @@ class Reuse:
         return f"Reuse({self.kind}: {self.reused} tokens{', ' + self.why if self.why else ''})"
 
     def _repr_html_(self) -> str:
-        import html
-
-        return f"<code>{html.escape(repr(self))}</code>"
+        return summary_html(repr(self), code=True)
 
 
 class PrefixCache:
@@ -186,6 +185,5 @@ class PrefixCache:
         return f"PrefixCache({name}, {self.layout.summary()})"
 
     def _repr_html_(self) -> str:
-        import html
-
-        return f"<code>{html.escape(repr(self))}</code>"
+        return summary_html("PrefixCache", "none" if self.store is None else self.store.name,
+                            self.layout.summary(), note=self.store_refuses or "")

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .display import summary_html, table_html
+
 KINDS = ("full", "window", "recurrent", "chunked", "list", "unknown")
 FULL_CLASSES = ("KVCache", "QuantizedKVCache", "ConcatenateKVCache")
 
@@ -127,12 +129,8 @@ class CacheLayout:
         return f"CacheLayout({len(self.layers)} layers: {self.summary()})"
 
     def _repr_html_(self) -> str:
-        import html
-
-        rows = "".join(f"<tr><td>{i}</td><td>{html.escape(layer.label)}</td></tr>"
-                       for i, layer in enumerate(self.layers[:64]))
-        return (f"<div><b>CacheLayout</b> {html.escape(self.summary())}"
-                f"<table><tr><th>layer</th><th>cache</th></tr>{rows}</table></div>")
+        rows = [(i, layer.label) for i, layer in enumerate(self.layers)]
+        return summary_html("CacheLayout", self.summary(), body=table_html(["layer", "cache"], rows, limit=64))
 
 
 def refusal(cls: str, state, keep: int) -> str | None:

@@ -14,7 +14,6 @@ Example:
 
 from __future__ import annotations
 
-import html
 from dataclasses import dataclass, replace
 from typing import Any, Protocol, Sequence, runtime_checkable
 
@@ -23,6 +22,7 @@ from mlx.utils import tree_flatten, tree_map
 from mlx_lm.models import cache as mlx_cache
 
 from ..errors import NotTrimmableError, SnapshotError
+from .display import summary_html, table_html
 from .kv_format import maybe_quantize
 from .layout import position_of, refusal
 from .units import fmt_bytes
@@ -74,14 +74,11 @@ class Snapshot:
                 f"{fmt_bytes(self.nbytes)})")
 
     def _repr_html_(self) -> str:
-        rows = "".join(
-            f"<tr><td>{i}</td><td>{html.escape(layer.kind)}</td><td>{layer.tokens}</td>"
-            f"<td>{fmt_bytes(layer.nbytes)}</td></tr>" for i, layer in enumerate(self.layers[:64]))
-        fp = (self.fingerprint or "—")[:12]
-        return (f"<div><b>Snapshot</b> {self.offset} tokens · {fmt_bytes(self.nbytes)} · "
-                f"model {fp} · {'trimmable' if self.trimmable else 'not trimmable'}"
-                f"<table><tr><th>layer</th><th>cache</th><th>tokens</th><th>bytes</th></tr>{rows}"
-                f"</table></div>")
+        rows = [(i, layer.kind, layer.tokens, fmt_bytes(layer.nbytes)) for i, layer in enumerate(self.layers)]
+        return summary_html("Snapshot", f"{self.offset} tokens", fmt_bytes(self.nbytes),
+                            f"model {(self.fingerprint or '—')[:12]}",
+                            "trimmable" if self.trimmable else "not trimmable",
+                            body=table_html(["layer", "cache", "tokens", "bytes"], rows, limit=64))
 
 
 def _view(x):

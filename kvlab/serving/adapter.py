@@ -24,12 +24,12 @@ Example:
 
 from __future__ import annotations
 
-import html
 import logging
 import threading
 
 from ..errors import KvlabError
 from ..keys import cache_key
+from ..primitives.display import summary_html
 from ..primitives.snapshots import snapshot
 from ..primitives.tokens import from_ids
 from ..reuse import PrefixCache
@@ -226,7 +226,7 @@ class StoreAdapter(Attribution):
                 f"lookups, {self.hits} hits)")
 
     def _repr_html_(self) -> str:
-        return f"<code>{html.escape(repr(self))}</code>"
+        return summary_html(repr(self), code=True)
 
 
 def _referenced_blocks(store) -> int:

@@ -20,7 +20,6 @@ Example:
 
 from __future__ import annotations
 
-import html
 import ipaddress
 import logging
 import os
@@ -31,6 +30,7 @@ from http.server import ThreadingHTTPServer
 from mlx_lm.server import get_system_fingerprint
 
 from ..errors import KvlabError
+from ..primitives.display import summary_html, table_html
 from ..primitives.units import fmt_bytes, parse_bytes
 from .adapter import StoreAdapter
 from .events import ServerEvents
@@ -230,12 +230,11 @@ class Server:
     def _repr_html_(self) -> str:
         s = self.stats()
         budget = fmt_bytes(s["budget_bytes"]) if s["budget_bytes"] else "unbounded"
-        rows = "".join(f"<tr><td>{k}</td><td>{html.escape(str(v))}</td></tr>" for k, v in (
-            ("url", self.url), ("store", self.store_name), ("budget", budget),
-            ("requests", s["requests"]), ("token hit rate", f"{s['token_hit_rate']:.1%}"),
-            ("request hit rate", f"{s['request_hit_rate']:.1%}"), ("bytes", fmt_bytes(s["bytes"])),
-            ("entries", s["entries"]), ("batch steps", s["step"])))
-        return f"<div><b>kvlab Server</b><table>{rows}</table></div>"
+        rows = [("url", self.url), ("store", self.store_name), ("budget", budget),
+                ("requests", s["requests"]), ("token hit rate", f"{s['token_hit_rate']:.1%}"),
+                ("request hit rate", f"{s['request_hit_rate']:.1%}"), ("bytes", fmt_bytes(s["bytes"])),
+                ("entries", s["entries"]), ("batch steps", s["step"])]
+        return summary_html("kvlab Server", body=table_html(None, rows))
 
 
 def serve(model="tiny", store="radix", **kwargs) -> Server:

@@ -18,13 +18,13 @@ Example:
 
 from __future__ import annotations
 
-import html
 import itertools
 from dataclasses import replace
 
 from mlx_lm.models.cache import LRUPromptCache
 
 from ..keys import CacheKey
+from ..primitives.display import summary_html, table_html
 from ..primitives.snapshots import Snapshot, compact, non_trimmable_layers, restore, snapshot
 from ..primitives.tokens import Tokens
 from .base import Capabilities, EventLog, Match, StoreBase
@@ -144,10 +144,8 @@ class MlxLmLRUStore(StoreBase):
                 f"{self.nbytes / 2**20:.1f} MiB, {self.evictions} evictions)")
 
     def _repr_html_(self) -> str:
-        rows = "".join(f"<tr><td>{e}</td><td>{t}</td><td>{b}</td></tr>"
-                       for e, t, b in sorted(self._resident.values()))
-        return (f"<div><b>MlxLmLRUStore</b> (mlx-lm's LRUPromptCache) {html.escape(repr(self))}"
-                f"<table><tr><th>entry</th><th>tokens</th><th>bytes</th></tr>{rows}</table></div>")
+        return summary_html("MlxLmLRUStore", "mlx-lm's LRUPromptCache", repr(self),
+                            body=table_html(["entry", "tokens", "bytes"], sorted(self._resident.values())))
 
 
 def _cache_type(kind: str) -> str:
