@@ -25,6 +25,7 @@
 import kvlab as kv  # first: loads OpenBLAS before MLX (~40x faster float32 matmuls on Linux)
 import mlx.core as mx
 import polars as pl
+from IPython.display import Markdown
 
 # %% tags=["parameters"]
 model = "tiny"            # "smollm2": the embedded SmolLM2-135M-Instruct
@@ -154,3 +155,16 @@ results = pl.DataFrame({
     "ttft_speedup": [speedup],   # cold / cached time to first token, as measured on this run
 })
 kv.runner.save_results(results, results_path)
+
+# %% [markdown]
+# ## Finding
+
+# %%
+r = results.row(0, named=True)
+finding = (f"On {r['model']}, a request sharing a {r['system_prefix_tokens']}-token system prompt with the one "
+           f"before it reused {r['second_reused_tokens']} of its {r['second_prompt_tokens']} prompt tokens and "
+           f"prefilled {r['second_prefilled_tokens']} instead of {r['cold_prefilled_tokens']} "
+           f"({r['cold_prefilled_tokens'] / max(1, r['second_prefilled_tokens']):.0f}x fewer), its logits within "
+           f"{r['second_verify_diff']:.1e} of a cold prefill; its time to first token was "
+           f"{r['ttft_second_ms']:.1f} ms against {r['ttft_cold_ms']:.1f} ms cold ({r['ttft_speedup']:.1f}x).")
+Markdown(finding)

@@ -27,6 +27,7 @@
 # %%
 import kvlab as kv  # first: loads OpenBLAS before MLX (~40x faster float32 matmuls on Linux)
 import polars as pl
+from IPython.display import Markdown
 
 # %% tags=["parameters"]
 model = "tiny"            # "smollm2": the embedded SmolLM2-135M-Instruct
@@ -111,3 +112,19 @@ results = pl.concat([turns_frame, pl.DataFrame([repeat])], how="diagonal_relaxed
 print(results.group_by("keying", "scenario", maintain_order=True).agg(
     pl.col("reused_tokens").sum(), pl.col("prompt_tokens").sum(), pl.col("ttft_ms").median()))
 kv.runner.save_results(results, results_path)
+
+# %% [markdown]
+# ## Finding
+
+# %%
+later = results.filter((pl.col("scenario") == "turn") & (pl.col("turn") > 1))
+reused = {k: (g["reused_tokens"].sum(), g["prompt_tokens"].sum()) for (k,), g in later.group_by("keying")}
+(po, po_total), (pr, pr_total) = reused.get("prompt+output", (0, 0)), reused.get("prompt", (0, 0))
+rep = results.filter(pl.col("scenario") == "repeat").row(0, named=True)
+later_turns = "turn 2" if turns == 2 else f"turns 2-{turns}"
+finding = (f"Over {later_turns} on {m.name}, prompt + output keys reused {po} of {po_total} prompt tokens "
+           f"({po / max(1, po_total):.0%}) and prompt-only keys {pr} of {pr_total} ({pr / max(1, pr_total):.0%}): "
+           f"the {po - pr} tokens between them are the previous answers, which only prompt + output keys "
+           f"cover. An exact repeat of {rep['prompt_tokens']} tokens reused {rep['reused_tokens']}: the last "
+           f"token is always recomputed.")
+Markdown(finding)

@@ -28,6 +28,7 @@
 # %%
 import kvlab as kv  # first: loads OpenBLAS before MLX (~40x faster float32 matmuls on Linux)
 import polars as pl
+from IPython.display import Markdown
 
 # %% tags=["parameters"]
 model = "tiny"            # "smollm2": the embedded SmolLM2-135M-Instruct
@@ -120,3 +121,22 @@ summary
 results = replay.with_columns(pl.lit(m.name).alias("model"),
                               pl.lit(d_raw.token_index).alias("first_divergence_raw"))
 kv.runner.save_results(results, results_path)
+
+# %% [markdown]
+# ## Finding
+
+# %%
+later = results.filter(pl.col("step") > 1)
+
+
+def share(store, mode):
+    f = later.filter((pl.col("store") == store) & (pl.col("mode") == mode))
+    return f["reused_tokens"].sum() / max(1, f["prompt_tokens"].sum())
+
+
+finding = (f"On {m.name}, two consecutive requests of the agent loop first differ at token "
+           f"{results['first_divergence_raw'][0]} (in the {d_raw.role} message, at the billing header's "
+           f"`cch=`). Over {'request 2' if turns == 2 else f'requests 2-{turns}'}, " + "; ".join(
+               f"{store} reused {share(store, 'raw'):.0%} of prompt tokens as sent and "
+               f"{share(store, 'normalised'):.0%} with the header stripped" for store in stores) + ".")
+Markdown(finding)

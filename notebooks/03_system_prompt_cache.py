@@ -26,6 +26,7 @@
 # %%
 import kvlab as kv  # first: loads OpenBLAS before MLX (~40x faster float32 matmuls on Linux)
 import polars as pl
+from IPython.display import Markdown
 
 # %% tags=["parameters"]
 model = "tiny"            # "smollm2": the embedded SmolLM2-135M-Instruct
@@ -104,3 +105,16 @@ fig
 # %%
 results = replay.with_columns(pl.lit(m.name).alias("model"))
 kv.runner.save_results(results, results_path)
+
+# %% [markdown]
+# ## Finding
+
+# %%
+later = results.filter(pl.col("request").str.starts_with("user-") & (pl.col("index") > 1))
+per_store = later.group_by("store", maintain_order=True).agg(pl.col("reused_tokens").mean(), pl.col("ttft_ms").median())
+changed = dict(results.filter(pl.col("request") == "changed-system").select("store", "reused_tokens").iter_rows())
+finding = (f"{'User 2' if users == 2 else f'Users 2-{users}'} on {m.name} share a {results['system_prefix_tokens'][0]}-token system prefix: " + ", ".join(
+    f"{s} reused {n:.0f} tokens a request on average (median TTFT {t:.1f} ms)" for s, n, t in per_store.iter_rows())
+    + ". After the system prompt changed, the same question reused "
+    + ", ".join(f"{n} tokens ({s})" for s, n in changed.items()) + ".")
+Markdown(finding)

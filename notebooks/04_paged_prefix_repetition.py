@@ -34,6 +34,7 @@ import time
 
 import numpy as np
 import polars as pl
+from IPython.display import Markdown
 
 # %% tags=["parameters"]
 model = "tiny"            # "smollm2": the embedded SmolLM2-135M-Instruct
@@ -137,3 +138,21 @@ results = pl.concat([engine_runs.with_columns(pl.col("requests_hit").cast(pl.Int
                      sim_rows(sim_run, "simulate_run"), sim_rows(sim_seed, "simulate_seed")],
                     how="diagonal_relaxed").with_columns(pl.lit(m.name).alias("model"))
 kv.runner.save_results(results, results_path)
+
+# %% [markdown]
+# ## Finding
+
+# %%
+seed_hits = results.filter(pl.col("source") == "simulate_seed").sort("pass")
+engine_on = results.filter((pl.col("source") == "engine") & (pl.col("cache") == "on")).sort("pass")
+engine_off = results.filter((pl.col("source") == "engine") & (pl.col("cache") == "off"))
+simulated = results.filter(pl.col("source") == "simulate_run").sort("pass")
+agree = sum(a == b for a, b in zip(engine_on["hit_tokens"], simulated["hit_tokens"]))
+finding = ("At seed 004's sizes kv.simulate hits " + " and ".join(
+    f"{h:,}/{p:,} prompt tokens in pass {i}" for i, h, p in seed_hits.select("pass", "hit_tokens", "prompt_tokens").iter_rows())
+    + " (the seed: 25,088/32,000 cold, 31,200/32,000 warm). "
+    f"On {m.name} the engine's paged cache hit {engine_on['token_hit_ratio'][0]:.0%} of prompt tokens cold and "
+    f"{engine_on['token_hit_ratio'][-1]:.0%} warm, equal to kv.simulate on {agree} of {engine_on.height} passes; "
+    f"median TTFT p50 {engine_off['ttft_p50_ms'].median():.1f} ms off against {engine_on['ttft_p50_ms'].median():.1f} ms on, "
+    f"throughput {engine_on['throughput_tok_s'].median() / engine_off['throughput_tok_s'].median():.2f}x.")
+Markdown(finding)

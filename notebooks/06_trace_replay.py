@@ -25,6 +25,7 @@
 import kvlab as kv  # first: loads OpenBLAS before MLX (~40x faster float32 matmuls on Linux)
 import numpy as np
 import polars as pl
+from IPython.display import Markdown
 
 # %% tags=["parameters"]
 trace = "synthetic_trace.jsonl"   # a file name found by kv.traces.locate, or a path
@@ -73,3 +74,17 @@ results = pl.concat(
                     schema_overrides={"capacity_tokens": pl.Int64})],
     how="diagonal_relaxed").with_columns(pl.lit(path.name).alias("trace"), pl.lit(len(t)).alias("requests"))
 kv.runner.save_results(results, results_path)
+
+# %% [markdown]
+# ## Finding
+
+# %%
+inf = results.filter(pl.col("policy") == "infinite").row(0, named=True)
+cap = capacities[len(capacities) // 2]
+at_cap = results.filter(pl.col("capacity_tokens") == cap).sort("token_hit_ratio", descending=True)
+finding = (f"Replaying {inf['requests']:,} requests of {path.name}, an unbounded cache reuses "
+           f"{inf['token_hit_ratio']:.1%} of prompt tokens ({inf['hit_tokens']:,} of {inf['prompt_tokens']:,}; "
+           f"per token, vLLM's definition) and {inf['request_hit_ratio']:.1%} of requests reuse something (per "
+           f"request, vllm-mlx's). At {cap:,} tokens ({cap / top:.0%} of every distinct block) the token hit "
+           f"ratios are " + ", ".join(f"{p} {r:.1%}" for p, r in at_cap.select("policy", "token_hit_ratio").iter_rows()) + ".")
+Markdown(finding)

@@ -31,6 +31,7 @@ import kvlab as kv  # first: loads OpenBLAS before MLX (~40x faster float32 matm
 import mlx.core as mx
 import numpy as np
 import polars as pl
+from IPython.display import Markdown
 from mlx_lm.models.cache import KVCache, can_trim_prompt_cache, trim_prompt_cache
 
 # %% tags=["parameters"]
@@ -143,3 +144,20 @@ for approach, checkpoints in (("naive", False), ("kvlab", True)):
 # %%
 results = pl.DataFrame(rows).with_columns(pl.lit(m.name).alias("model"))
 kv.runner.save_results(results, results_path)
+
+# %% [markdown]
+# ## Finding
+
+# %%
+v = {(r["pitfall"], r["approach"], r["metric"]): r["value"] for r in results.iter_rows(named=True)}
+raised = "raised NotTrimmableError" if v["non_trimmable", "kvlab", "trim_raised"] else "did not raise"
+finding = (f"A snapshot keeping the live arrays changed in {v['aliasing', 'naive', 'layers_changed']:.0f} of "
+           f"{v['aliasing', 'both', 'layers']:.0f} layers after a trim and an append; kv.snapshot in "
+           f"{v['aliasing', 'kvlab', 'layers_changed']:.0f}. Copying a trimmed cache by its buffer took "
+           f"{v['stale_tail', 'naive', 'tokens_seen']:.0f} tokens instead of {v['stale_tail', 'kvlab', 'tokens_seen']:.0f} "
+           f"and moved the logits by {v['stale_tail', 'naive', 'max_logit_diff']:.2f} (kv.trim: "
+           f"{v['stale_tail', 'kvlab', 'max_logit_diff']:.1e}). On {hybrid_model}, mlx-lm's trim_prompt_cache trimmed "
+           f"{v['non_trimmable', 'naive', 'tokens_trimmed']:.0f} tokens and said nothing, kv.trim {raised}, and the "
+           f"Engine reused {v['non_trimmable', 'naive', 'engine_reused_tokens']:.0f} tokens without checkpoints and "
+           f"{v['non_trimmable', 'kvlab', 'engine_reused_tokens']:.0f} with them.")
+Markdown(finding)

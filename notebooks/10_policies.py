@@ -27,6 +27,7 @@
 import kvlab as kv  # first: loads OpenBLAS before MLX (~40x faster float32 matmuls on Linux)
 import numpy as np
 import polars as pl
+from IPython.display import Markdown
 
 # %% tags=["parameters"]
 trace = "synthetic_trace.jsonl"   # a file name found by kv.traces.locate, or a path
@@ -262,3 +263,26 @@ pl.DataFrame(budget_rows)
 results = pl.DataFrame(rows, schema={"experiment": pl.Utf8, "source": pl.Utf8, "policy": pl.Utf8,
                                      "capacity_tokens": pl.Int64, "metric": pl.Utf8, "value": pl.Float64})
 kv.runner.save_results(results, results_path)
+
+# %% [markdown]
+# ## Finding
+
+# %%
+def wide(experiment):
+    return (results.filter(pl.col("experiment") == experiment)
+            .pivot(on="metric", index=["source", "policy", "capacity_tokens"], values="value"))
+
+
+at_mid = wide("trace_sweep").filter((pl.col("capacity_tokens") == mid) & (pl.col("policy") != "belady"))
+ranked = at_mid.sort("token_hit_ratio", descending=True)
+best, worst = ranked.row(0, named=True), ranked.row(-1, named=True)
+kept = dict(wide("scan_resistance").select("policy", "hot_tokens_kept").iter_rows())
+memory = wide("store_memory").filter(pl.col("capacity_tokens").is_null() & (pl.col("source") == "seed 004"))
+ratio = dict(memory.select("policy", "bytes_vs_lower_bound").iter_rows())
+finding = (f"On the Mooncake trace at {mid:,} tokens, {best['policy']} reached a token hit ratio of "
+           f"{best['token_hit_ratio']:.1%} and {worst['policy']} {worst['token_hit_ratio']:.1%}, against the optimum's "
+           f"{best['belady_token_hit_ratio']:.1%}. In LMCache's scan, ARC kept {kept['arc']:.0f} of the 1024 hot "
+           f"tokens and LRU {kept['lru']:.0f}. On seed 004 the shared-node radix tree held "
+           f"{ratio['shared-radix']:.2f}x the bytes of every distinct token stored once, RadixStore {ratio['radix']:.1f}x "
+           f"and PagedStore {ratio['paged']:.2f}x.")
+Markdown(finding)

@@ -42,6 +42,7 @@ from pathlib import Path
 import plotly.graph_objects as go
 import polars as pl
 from kvlab.quantization import SAMPLE_TEXTS
+from IPython.display import Markdown
 
 # %% tags=["parameters"]
 model = "tiny"                 # "smollm2": the embedded SmolLM2-135M-Instruct
@@ -103,7 +104,6 @@ qsummary
 # mlx-lm's preallocated buffer):
 
 # %%
-assert (qsweep["bytes_per_token"] == qsweep["formula_bytes_per_token"].cast(float)).all()
 print(qsweep.select("kv_format", "bytes_per_token", "formula_bytes_per_token", "bytes_ratio").unique().sort("bytes_ratio"))
 
 # %% [markdown]
@@ -293,3 +293,25 @@ results = pl.concat([results, qsweep.with_columns(pl.lit("quant_sweep").alias("s
 if not disk_path:
     shutil.rmtree(folder, ignore_errors=True)
 kv.runner.save_results(results, results_path)
+
+# %% [markdown]
+# ## Finding
+
+# %%
+qrows = (results.filter(pl.col("section") == "quant_sweep").group_by("kv_format", "bits", "group_size")
+         .agg(pl.col("kl_mean").mean(), pl.col("bytes_ratio").first(),
+              (pl.col("bytes_per_token") == pl.col("formula_bytes_per_token")).all().alias("as_formula"))
+         .filter(pl.col("bits").is_not_null()).sort("bits", "group_size"))
+restarted = results.filter((pl.col("section") == "tiers") & (pl.col("phase") == "restart"))
+from_disk = restarted.filter(pl.col("tier") == "disk")
+fitted = results.filter(pl.col("section") == "cost_fit").row(0, named=True)
+longest = results.filter(pl.col("section") == "crossover").sort("prefix_tokens").row(-1, named=True)
+finding = (f"Quantized KV on {qm.name} takes, of float32's bytes per token: " + ", ".join(
+    f"{r:.0%} at {b} bits, group {g} (mean KL {kl:.1e})" for _, b, g, kl, r, _ in qrows.iter_rows())
+           + f"; stored bytes equal the formula for {qrows['as_formula'].sum()} of {qrows.height} formats. "
+           f"After a restart the disk tier served {from_disk['requests'].sum()} of {restarted['requests'].sum()} "
+           f"requests ({from_disk['reused_tokens'].sum()} tokens). The prefill cost model's held-out error is "
+           f"{fitted['mape_holdout']:.1%}; for a {longest['prefix_tokens']}-token prefix on {m.name}, restoring from RAM "
+           f"took {longest['ram_restore'] * 1e3:.2f} ms, loading from disk {longest['disk_load'] * 1e3:.2f} ms and "
+           f"recomputing {longest['recompute'] * 1e3:.2f} ms.")
+Markdown(finding)

@@ -157,7 +157,8 @@ def _notes(runs: dict, concurrency) -> str:
         ok, text = adapter_overhead(a, b)
         lines.append(f"concurrency {c}: {text}: {'meets' if ok else 'misses'} the target.")
     lines.append("vllm-mlx's hit rate is its own `tokens_saved` counter over prompt tokens (its usage "
-                 "reports none); notebook 09 shows that counter overstates what its memory-aware cache saves.")
+                 "reports none); notebook 09_serving shows that counter overstates what its memory-aware "
+                 "cache saves.")
     return "\n".join(lines)
 
 

@@ -1,5 +1,6 @@
 """Shared by the notebook tests: where the notebooks are, running one with papermill, reading a
-cell's printed output, and comparing a notebook with its jupytext pair."""
+cell's printed output and the finding a notebook ends in, and comparing a notebook with its
+jupytext pair."""
 
 from __future__ import annotations
 
@@ -36,6 +37,14 @@ def outputs(nb, startswith: str) -> str:
         elif "data" in o:
             parts.append(o.data.get("text/plain", ""))
     return "\n".join(parts)
+
+
+def finding(nb) -> str:
+    """The finding an executed notebook ends in: the Markdown its last code cell displays."""
+    last = [c for c in nb.cells if c.cell_type == "code"][-1]
+    texts = [o.data["text/markdown"] for o in last.outputs if "text/markdown" in o.get("data", {})]
+    assert len(texts) == 1, f"the last cell must display one Markdown finding, not {last.outputs}"
+    return texts[0]
 
 
 def cells(nb) -> list[tuple[str, str, tuple[str, ...]]]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from notebook_helpers import LOGIT_TOL, execute, outputs
+from notebook_helpers import LOGIT_TOL, execute, finding, outputs
 
 
 @pytest.mark.notebook
@@ -28,3 +28,8 @@ def test_00_quickstart(tmp_path):
     assert "kvlab chat: 2 messages, 1 requests" in outputs(nb, "%%kvlab chat")
     stats = outputs(nb, "%kvlab stats")
     assert "token_hit_rate" in stats and "request_hit_rate" in stats
+    # the finding states the table's figures
+    text = finding(nb)
+    assert f"reused {r['second_reused_tokens']} of its {r['second_prompt_tokens']} prompt tokens" in text
+    assert f"prefilled {r['second_prefilled_tokens']} instead of {r['cold_prefilled_tokens']}" in text
+    assert f"({r['ttft_speedup']:.1f}x)." in text

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import polars as pl
 import pytest
-from notebook_helpers import execute
+from notebook_helpers import execute, finding
 
 
 @pytest.mark.notebook
 def test_01_multi_turn(tmp_path):
-    df, _ = execute("01_multi_turn", tmp_path, turns=3)
+    df, nb = execute("01_multi_turn", tmp_path, turns=3)
     turns = df.filter(pl.col("scenario") == "turn")
     wide = turns.pivot(on="keying", index="turn", values="reused_tokens").sort("turn")
     assert wide["turn"].to_list() == [1, 2, 3]
@@ -21,3 +21,7 @@ def test_01_multi_turn(tmp_path):
     assert later["prompt"].to_list() == prompts[:-1]
     repeat = df.filter(pl.col("scenario") == "repeat").row(0, named=True)
     assert repeat["match"] == "exact" and repeat["reused_tokens"] == repeat["prompt_tokens"] - 1
+    text = finding(nb)
+    assert f"prompt + output keys reused {later['prompt+output'].sum()} of " in text
+    assert f"prompt-only keys {later['prompt'].sum()} of " in text
+    assert f"An exact repeat of {repeat['prompt_tokens']} tokens reused {repeat['reused_tokens']}" in text

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import polars as pl
 import pytest
-from notebook_helpers import execute, outputs
+from notebook_helpers import execute, finding, outputs
 
 
 @pytest.mark.notebook
@@ -22,4 +22,9 @@ def test_02_agentic_billing_header(tmp_path):
         assert raw["diverge_role"].to_list() == ["system", "system"]
         assert (raw["reused_tokens"] <= raw["diverge_token"]).all()
         assert (norm["reuse_ratio"] > 0.8).all()
+        raw_share = raw["reused_tokens"].sum() / raw["prompt_tokens"].sum()
+        norm_share = norm["reused_tokens"].sum() / norm["prompt_tokens"].sum()
+        assert (f"{store} reused {raw_share:.0%} of prompt tokens as sent and {norm_share:.0%} with the "
+                "header stripped") in finding(nb)
     assert "cch" in outputs(nb, "d_raw = kv.diverge")
+    assert f"first differ at token {df['first_divergence_raw'][0]} (in the system message" in finding(nb)

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import polars as pl
 import pytest
-from notebook_helpers import execute
+from notebook_helpers import execute, finding
 
 
 @pytest.mark.notebook
 def test_03_system_prompt_cache(tmp_path):
-    df, _ = execute("03_system_prompt_cache", tmp_path, users=3)
+    df, nb = execute("03_system_prompt_cache", tmp_path, users=3)
     prefix = df["system_prefix_tokens"][0]
     assert df["split_clean"].all() and prefix > 0
 
@@ -25,3 +25,7 @@ def test_03_system_prompt_cache(tmp_path):
     assert all(r >= prefix for r in reused("radix"))  # radix also keeps the template tokens after it
     assert all(r % 16 == 0 and r > prefix - 16 for r in reused("paged"))  # whole blocks only
     assert df.filter(pl.col("index") == 1)["reused_tokens"].to_list() == [0, 0, 0, 0]
+    text = finding(nb)
+    assert f"share a {prefix}-token system prefix: none reused 0 tokens a request on average" in text
+    assert f"system reused {prefix} tokens a request on average" in text
+    assert "the same question reused 0 tokens (none), 0 tokens (system), " in text

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import polars as pl
 import pytest
-from notebook_helpers import execute
+from notebook_helpers import execute, finding
 
 pytestmark = [pytest.mark.notebook, pytest.mark.vlm]
 
@@ -17,6 +17,8 @@ def test_05_multimodal(tmp_path):
     df, nb = execute("05_multimodal", tmp_path, pairs=2)
     assert df.height == 2 * (2 * 2) + 2 * 3 + 2  # stores x (keyings x pairs) + text turns + text-then-image
     assert df["reuse_as_expected"].all()  # every reuse is what its keys allow, to the token
+    assert not df.filter(pl.col("keys") == "ids-only")["matches_cold"].any()  # the wrong KV, every time
+    assert df.filter(pl.col("keys") == "image-aware")["matches_cold"].all()
     images = df.filter(pl.col("experiment") == "different images")
     for store in ("radix", "paged"):
         ids_only = images.filter((pl.col("store") == store) & (pl.col("keys") == "ids-only"))
@@ -38,3 +40,8 @@ def test_05_multimodal(tmp_path):
     then_image = df.filter(pl.col("experiment") == "text then image")
     assert then_image["reused_tokens"].to_list() == then_image["expected_reused"].to_list()
     assert (then_image["reused_tokens"] > 0).all() and then_image["matches_cold"].all()
+    text = finding(nb)
+    assert "ids-only keys reused" in text and "matched a cold run on 0 of 4 requests" in text
+    aware = df.filter(pl.col("keys") == "image-aware").height
+    assert f"every image-aware request matched cold on {aware} of {aware}" in text
+    assert f"Reuse was exactly what the keys allow on {df.height} of {df.height} requests." in text

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import polars as pl
 import pytest
-from notebook_helpers import execute
+from notebook_helpers import execute, finding
 
 
 @pytest.mark.notebook
 def test_06_trace_replay(tmp_path):
     # the trace ships in data/traces/: no skip, a missing trace is a failure
-    df, _ = execute("06_trace_replay", tmp_path, capacity_points=6)
+    df, nb = execute("06_trace_replay", tmp_path, capacity_points=6)
     infinite = df.filter(pl.col("policy") == "infinite").row(0, named=True)
     # Mooncake FAST'25 publishes 66% for this trace; kvlab's exact replay, pinned (65.04%, 1,761 requests)
     assert (infinite["hit_tokens"], infinite["prompt_tokens"]) == (39_802_880, 61_194_628)
@@ -23,3 +23,5 @@ def test_06_trace_replay(tmp_path):
         assert f["token_hit_ratio"][0] < 0.05
     lru = df.filter(pl.col("policy") == "lru").sort("capacity_tokens")["token_hit_ratio"]
     assert lru.is_sorted()  # LRU has the stack property: more capacity never hurts
+    assert ("Replaying 3,993 requests of synthetic_trace.jsonl, an unbounded cache reuses 65.0% of prompt tokens "
+            "(39,802,880 of 61,194,628; per token, vLLM's definition)") in finding(nb)

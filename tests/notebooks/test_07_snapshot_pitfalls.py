@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import polars as pl
 import pytest
-from notebook_helpers import LOGIT_TOL, execute
+from notebook_helpers import LOGIT_TOL, execute, finding
 
 
 @pytest.mark.notebook
 def test_07_snapshot_pitfalls(tmp_path):
-    df, _ = execute("07_snapshot_pitfalls", tmp_path)
+    df, nb = execute("07_snapshot_pitfalls", tmp_path)
 
     def value(pitfall, approach, metric):
         return df.filter((pl.col("pitfall") == pitfall) & (pl.col("approach") == approach)
@@ -26,3 +26,6 @@ def test_07_snapshot_pitfalls(tmp_path):
     assert value("non_trimmable", "kvlab", "trim_raised") == 1      # kv.trim raises NotTrimmableError
     assert value("non_trimmable", "naive", "engine_reused_tokens") == 0
     assert value("non_trimmable", "kvlab", "engine_reused_tokens") > 0
+    text = finding(nb)
+    assert f"changed in {layers:.0f} of {layers:.0f} layers after a trim and an append; kv.snapshot in 0." in text
+    assert "took 256 tokens instead of 64" in text and "kv.trim raised NotTrimmableError" in text

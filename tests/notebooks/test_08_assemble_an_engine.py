@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import polars as pl
 import pytest
-from notebook_helpers import NOTEBOOKS, execute
+from notebook_helpers import NOTEBOOKS, execute, finding
 
 SAME_LOGITS = 1e-5  # float32: the two paths restore the same KV and run the same prefill
 BLOCK = 16
@@ -13,7 +13,7 @@ BLOCK = 16
 
 @pytest.mark.notebook
 def test_08_assemble_an_engine(tmp_path):
-    df, _ = execute("08_assemble_an_engine", tmp_path, users=3)
+    df, nb = execute("08_assemble_an_engine", tmp_path, users=3)
     assert df["kind"].to_list() == ["first", "shared system prompt", "shared system prompt", "exact repeat",
                                     "block-aligned ids", "follow-up"]
     assert df["model"][0] == "tiny" and df["block_size"][0] == BLOCK and df["tolerance"][0] <= SAME_LOGITS
@@ -21,6 +21,8 @@ def test_08_assemble_an_engine(tmp_path):
     assert df["reused_tokens"].to_list() == df["engine_reused_tokens"].to_list()
     assert (df["max_logit_diff_vs_engine"] < SAME_LOGITS).all()
     assert (df["max_logit_diff_vs_cold"] < 1e-4).all()
+    assert df["same_reuse"].all() and df["same_logits"].all()  # under the notebook's own tolerance
+    assert df["reused_tokens"].sum() > 0  # the workload shares full blocks
     rows = {k: g for (k,), g in df.group_by("kind")}
     first = rows["first"].row(0, named=True)
     assert first["reused_tokens"] == 0
@@ -35,6 +37,10 @@ def test_08_assemble_an_engine(tmp_path):
     second = df.filter(pl.col("request") == 2).row(0, named=True)
     follow = rows["follow-up"].row(0, named=True)
     assert follow["reused_tokens"] >= second["prompt_tokens"] // BLOCK * BLOCK  # the whole earlier turn
+    text = finding(nb)
+    assert f"reused {df['reused_tokens'].sum()} of {df['prompt_tokens'].sum()} prompt tokens over 6 requests" in text
+    assert "kv.PagedStore reused the same on 6 of 6" in text
+    assert f"(6 of 6 under the {df['tolerance'][0]:g} tolerance)" in text
 
 
 def test_08_is_well_under_a_hundred_lines_of_code():

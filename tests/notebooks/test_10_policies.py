@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import polars as pl
 import pytest
-from notebook_helpers import NOTEBOOKS, execute
+from notebook_helpers import NOTEBOOKS, execute, finding
 
 from kvlab.policies import MISS_REASONS, ONLINE, POLICIES
 from kvlab.sim.reproductions import MOONCAKE_TABLE1
@@ -29,7 +29,7 @@ def wide(df: pl.DataFrame, experiment: str) -> pl.DataFrame:
 
 @pytest.mark.notebook
 def test_10_policies(tmp_path):
-    df, _ = execute(NAME, tmp_path, head=800, capacity_points=5, workload_prompts=60)
+    df, nb = execute(NAME, tmp_path, head=800, capacity_points=5, workload_prompts=60)
     assert df.columns == ["experiment", "source", "policy", "capacity_tokens", "metric", "value"]
 
     for experiment in ("trace_sweep", "workload_sweep"):
@@ -98,3 +98,6 @@ def test_10_policies(tmp_path):
     # the shared tree keeps prefixes RadixStore dropped with their entries: it reuses more
     assert (shared["token_hit_ratio"] >= radix["token_hit_ratio"]).all()
     assert shared["requests_reusing_more"].sum() > 0
+    text = finding(nb)
+    assert "In LMCache's scan, ARC kept 1024 of the 1024 hot tokens and LRU 0." in text
+    assert f"the shared-node radix tree held {ratio['seed 004', 'shared-radix']:.2f}x the bytes" in text

@@ -12,6 +12,7 @@ import polars as pl
 import pytest
 
 from kvlab.experiments import runner
+from notebook_helpers import finding
 
 NOTEBOOK = Path(__file__).resolve().parents[2] / "notebooks" / "11_memory.ipynb"
 LOGIT_TOL = 1e-4  # float32 tiny model: KV restored from disk against a cold prefill
@@ -102,3 +103,8 @@ def test_11_memory(tmp_path):
         assert value("quantized cold", b, "max_abs_vs_float") > SMOL_TOL
         assert value("quantized reuse", b, "max_abs_vs_quantized_cold") > SMOL_TOL
     assert value("quantized reuse", 4, "max_abs_vs_quantized_cold") > value("quantized reuse", 8, "max_abs_vs_quantized_cold")
+
+    text = finding(nbformat.read(r.executed, as_version=4))
+    assert "stored bytes equal the formula for 6 of 6 formats" in text
+    assert "After a restart the disk tier served 6 of 6 requests (570 tokens)" in text
+    assert f"held-out error is {fit['mape_holdout']:.1%}" in text

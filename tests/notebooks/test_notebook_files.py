@@ -1,7 +1,10 @@
 """The committed notebooks themselves: paired with their jupytext scripts and in sync, clean (no
-outputs) and parameterised for papermill. Every notebook in notebooks/ is checked, new ones too."""
+outputs), parameterised for papermill, and ending in a finding rather than in asserts. Every
+notebook in notebooks/ is checked, new ones too."""
 
 from __future__ import annotations
+
+import re
 
 import nbformat
 import pytest
@@ -45,3 +48,16 @@ def test_committed_notebooks_are_clean_and_parameterised(name):
         assert 'model = "tiny"' in tagged[0].source
         if "kv.load_vlm(" not in source:  # text notebooks name the real model they also run on
             assert '"smollm2"' in tagged[0].source
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_notebooks_end_in_a_finding_and_leave_asserts_to_the_tests(name):
+    nb = nbformat.read(NOTEBOOKS / f"{name}.ipynb", as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    asserts = [line.strip() for c in code for line in c.source.splitlines() if re.match(r"\s*assert\b", line)]
+    assert not asserts, f"asserts belong in tests/notebooks/test_{name}.py, on the results table: {asserts}"
+    last = nb.cells[-1]
+    # a sentence with the figures, built from the results table the cells before it saved
+    assert last.cell_type == "code" and last.source.rstrip().endswith("Markdown(finding)"), last.source
+    assert 'f"' in last.source and "results" in last.source
+    assert any("kv.runner.save_results(" in c.source for c in code[:-1])

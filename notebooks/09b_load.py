@@ -1,0 +1,243 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     notebook_metadata_filter: -jupytext.text_representation.jupytext_version
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#   kernelspec:
+#     display_name: Python (kvlab)
+#     language: python
+#     name: kvlab
+# ---
+
+# %% [markdown]
+# # 09b · Load: what a prefix cache is worth as concurrency grows
+#
+# `kv.load_test` drives any OpenAI-compatible server with streamed, concurrent requests and reports
+# the numbers vLLM's `bench serve` reports. `09_serving` looks at what the server's cache does per
+# request; this notebook measures what that buys in latency and throughput.
+#
+# 1. **The load generator**: what it sends, what it measures, and each figure's definition.
+# 2. **Seed 004**: prefix caching off vs on (paged) on vLLM's `prefix_repetition`, concurrency 1-8,
+#    beside the ratios seed 004 published.
+# 3. **The same load on every server**: kvlab serve with each store, plain `mlx_lm.server` and
+#    vllm-mlx (the seeds' server) in its three modes.
+#
+# Defaults run on the tiny random-weight model in a few minutes; `model = "smollm2"` runs the
+# embedded SmolLM2-135M-Instruct (slower: set the sizes in the comments).
+
+# %%
+import kvlab as kv  # first: loads OpenBLAS before MLX (~40x faster float32 matmuls on Linux)
+import plotly.graph_objects as go
+import polars as pl
+from IPython.display import Markdown
+
+from kvlab.serving import peers
+
+# %% tags=["parameters"]
+model = "tiny"                 # "smollm2": the embedded SmolLM2-135M-Instruct
+concurrency = [1, 2, 4, 8]     # seed 004 ran one level; kvlab sweeps four
+prefix_len = 512               # seed 004: 512
+suffix_len = 128               # seed 004: 128
+num_prompts = 16               # seed 004: 50
+output_len = 16                # seed 004: 100
+repeats = 1                    # seed 004: 10
+servers = ["kvlab serve radix", "kvlab serve paged", "kvlab serve system", "kvlab serve mlx-lru",
+           "mlx_lm.server", "vllm-mlx simple", "vllm-mlx batched", "vllm-mlx paged"]  # []: none
+results_path = "results.parquet"
+
+# %%
+m = kv.load(model)
+SEED_004 = {"ttft_mean": 8667.88 / 6071.39, "throughput": 288.88 / 210.59}  # published: 1.43x, 1.37x
+SERVER_CONCURRENCY, SERVER_REQUESTS = 4, 12  # section 3: every server under the same load
+
+
+def row(result, **extra):
+    """A load run's summary as one results row."""
+    s = result.summary
+    return {**extra, **{k: s[k] for k in (
+        "completed", "failed", "duration_s", "total_input_tokens", "total_output_tokens",
+        "request_throughput", "output_throughput", "ttft_ms_mean", "ttft_ms_p50", "ttft_ms_p90",
+        "ttft_ms_p99", "tpot_ms_p50", "tpot_ms_p99", "itl_ms_p50", "e2el_ms_p50", "e2el_ms_p99",
+        "reused_tokens", "token_hit_rate", "request_hit_rate", "prompt_token_mismatches")}}
+
+
+m
+
+# %% [markdown]
+# ## 1 · The load generator and its definitions
+#
+# `concurrency=N` keeps N sessions in flight (a session is one request here; a multi-turn chat's
+# turns in order in `09_serving`); `rate=R` would start sessions as a seeded Poisson process
+# instead. Every request is streamed, and a *token chunk* is a streamed chunk that carries
+# generated text or a finish reason. Per request, in milliseconds
+# (`kvlab.serving.metrics`, vLLM's `bench serve` definitions):
+#
+# | figure | definition |
+# |---|---|
+# | **TTFT** | first token chunk − send time |
+# | **ITL** | each gap between consecutive token chunks (vLLM's ITL; AIPerf calls TPOT "ITL") |
+# | **E2EL** | last token chunk − send time |
+# | **TPOT** | (E2EL − TTFT) / (output tokens − 1), requests with more than one output token |
+# | **output throughput** | output tokens of completed requests / wall time (first send to last completion) |
+# | **token hit rate** | reused / prompt tokens (the server's `cached_tokens`; vLLM's definition) |
+# | **request hit rate** | share of requests that reused anything (vllm-mlx's definition) |
+#
+# Percentiles are numpy's linear-interpolated ones; ITL statistics pool every gap of every request.
+
+# %% [markdown]
+# ## 2 · Seed 004: prefix caching off vs on under load
+#
+# vLLM's `prefix_repetition` (one shared prefix, random suffixes, token ids sent as text that
+# re-encodes to the same ids: the `prompt_token_mismatches` column checks it against the server's
+# own count). One server per setting; each concurrency level gets a fresh prefix, so each starts
+# cold, and the first `c` requests of a level run before anything is cached.
+
+# %%
+seed004, frames = [], {}
+for cache, store in (("off", "none"), ("on", "paged")):
+    with kv.serve(m, store, block_size=16) as server:
+        for rep in range(repeats):
+            for c in concurrency:
+                r = kv.load_test(server.url, "prefix_repetition", tokenizer=m, concurrency=c,
+                                 num_requests=num_prompts, prefix_len=prefix_len, suffix_len=suffix_len,
+                                 output_len=output_len, num_prefixes=1, seed=100 * rep + c, progress=False)
+                seed004.append(row(r, section="seed004", server="kvlab serve", store=store, cache=cache,
+                                   concurrency=c, repeat=rep))
+                frames[cache, c] = r.frame
+seed004 = pl.DataFrame(seed004)
+seed004.select("cache", "concurrency", "ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50", "e2el_ms_p50",
+               "output_throughput", "token_hit_rate", "request_hit_rate", "prompt_token_mismatches")
+
+# %% [markdown]
+# One request's figures, recomputed from its row by the definitions above (cache on, the highest
+# concurrency, its last request with more than one output token):
+
+# %%
+one = frames["on", max(concurrency)].filter(pl.col("output_tokens") > 1).row(-1, named=True)
+tpot = (one["e2el_ms"] - one["ttft_ms"]) / (one["output_tokens"] - 1)
+print(f"request {one['request']}: TTFT {one['ttft_ms']:.1f} ms, E2EL {one['e2el_ms']:.1f} ms, "
+      f"{one['output_tokens']} output tokens: TPOT = ({one['e2el_ms']:.1f} - {one['ttft_ms']:.1f}) / "
+      f"{one['output_tokens'] - 1} = {tpot:.2f} ms (the frame says {one['tpot_ms']:.2f}); "
+      f"{len(one['itl_ms'])} ITL gaps, median {pl.Series(one['itl_ms']).median():.2f} ms; "
+      f"reused {one['reused_tokens']} of {one['prompt_tokens']} prompt tokens")
+frames["on", max(concurrency)].select("request", "start_s", "ttft_ms", "tpot_ms", "e2el_ms", "output_tokens",
+                                      "prompt_tokens", "prompt_tokens_expected", "reused_tokens")
+
+# %% [markdown]
+# Cache off over cache on for the latencies (TTFT mean/p50/p99, E2EL p50: how many times faster),
+# on over off for output throughput, beside seed 004's published ratios (its TTFT mean and output
+# throughput, one concurrency level):
+
+# %%
+med = seed004.group_by("cache", "concurrency").agg(pl.col(pl.Float64).median())
+off = med.filter(pl.col("cache") == "off").sort("concurrency")
+on = med.filter(pl.col("cache") == "on").sort("concurrency")
+ratios = pl.DataFrame({
+    "concurrency": on["concurrency"],
+    "TTFT mean off/on": off["ttft_ms_mean"] / on["ttft_ms_mean"],
+    "TTFT p50 off/on": off["ttft_ms_p50"] / on["ttft_ms_p50"],
+    "TTFT p99 off/on": off["ttft_ms_p99"] / on["ttft_ms_p99"],
+    "E2EL p50 off/on": off["e2el_ms_p50"] / on["e2el_ms_p50"],
+    "throughput on/off": on["output_throughput"] / off["output_throughput"],
+    "token hit rate (on)": on["token_hit_rate"]})
+seed_row = pl.DataFrame({"concurrency": [None], "TTFT mean off/on": [SEED_004["ttft_mean"]],
+                         "throughput on/off": [SEED_004["throughput"]]}, schema_overrides={"concurrency": pl.Int64})
+pl.concat([ratios, seed_row], how="diagonal_relaxed").with_columns(
+    pl.when(pl.col("concurrency").is_null()).then(pl.lit("seed 004 (Qwen3-0.6B, vllm-metal)"))
+    .otherwise(pl.lit(f"kvlab ({m.name})")).alias("source"))
+
+# %%
+fig = go.Figure()
+for cache, frame in (("off", off), ("on", on)):
+    fig.add_scatter(x=frame["concurrency"], y=frame["ttft_ms_p50"], name=f"cache {cache}: TTFT p50", mode="lines+markers")
+    fig.add_scatter(x=frame["concurrency"], y=frame["ttft_ms_p99"], name=f"cache {cache}: TTFT p99",
+                    mode="lines+markers", line={"dash": "dot"})
+fig.update_layout(title=f"prefix_repetition on kvlab serve ({m.name}): TTFT (first token chunk - send) "
+                        "against concurrency", xaxis_title="concurrency", yaxis_title="ms", xaxis_type="log")
+fig
+
+# %%
+fig = go.Figure([go.Scatter(x=frame["concurrency"], y=frame["output_throughput"], name=f"cache {cache}",
+                            mode="lines+markers") for cache, frame in (("off", off), ("on", on))])
+fig.update_layout(title="output throughput (output tokens / wall time) against concurrency",
+                  xaxis_title="concurrency", yaxis_title="tokens/s", xaxis_type="log")
+fig
+
+# %% [markdown]
+# ## 3 · The same load on every server
+#
+# Each server is a child process on loopback (so none shares the client's process), on the same
+# model folder, under the same `prefix_repetition` load. vllm-mlx runs from its own venv
+# (`.venv-peers`) with a fresh `HOME` each time; its usage never reports cached tokens, so its hit
+# rate is null here and its own `tokens_saved` counter is `server_reported_saved` (whether that
+# counter is what it really saves: `09_serving`, section 4).
+
+# %%
+served_as = m.name if m.name in ("tiny", "smollm2") else str(m.path)
+starts = {**{f"kvlab serve {s}": (lambda s=s: peers.start_kvlab_serve(served_as, s))
+             for s in ("radix", "paged", "system", "mlx-lru")},
+          "mlx_lm.server": lambda: peers.start_mlx_lm(m),
+          **{f"vllm-mlx {mode}": (lambda mode=mode: peers.start_vllm_mlx(m, mode)) for mode in peers.MODES}}
+server_rows = []
+for name in servers:
+    with starts[name]() as srv:
+        r = kv.load_test(srv.url, "prefix_repetition", tokenizer=m, concurrency=SERVER_CONCURRENCY,
+                         num_requests=SERVER_REQUESTS, prefix_len=prefix_len, suffix_len=suffix_len,
+                         output_len=output_len, num_prefixes=1, seed=77, progress=False)
+    saved = r.server_delta().get("/v1/cache/stats:engine_cache.tokens_saved")
+    server_rows.append(row(r, section="peers", server=name, concurrency=SERVER_CONCURRENCY,
+                           server_reported_saved=saved))
+peer_table = pl.DataFrame(server_rows) if server_rows else pl.DataFrame()
+peer_table.select("server", "completed", "ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50", "e2el_ms_p50",
+                  "output_throughput", "token_hit_rate", "server_reported_saved") if server_rows else "no servers"
+
+# %%
+if server_rows:
+    fig = go.Figure(go.Bar(x=peer_table["server"], y=peer_table["ttft_ms_p50"], name="TTFT p50",
+                           error_y={"type": "data", "array": (peer_table["ttft_ms_p99"] - peer_table["ttft_ms_p50"]).to_list(),
+                                    "arrayminus": [0] * peer_table.height}))
+    fig.update_layout(title=f"prefix_repetition at concurrency {SERVER_CONCURRENCY}: TTFT (first token chunk - send) "
+                            "p50 (bar) to p99 (whisker)", yaxis_title="ms")
+else:
+    fig = "no servers"
+fig
+
+# %% [markdown]
+# ## Results
+
+# %%
+results = pl.concat([seed004, peer_table], how="diagonal_relaxed").with_columns(pl.lit(m.name).alias("model"))
+kv.runner.save_results(results, results_path)
+
+# %% [markdown]
+# ## Finding
+
+# %%
+s4 = results.filter(pl.col("section") == "seed004").group_by("cache", "concurrency").agg(pl.col(pl.Float64).median())
+lo, hi = min(concurrency), max(concurrency)
+
+
+def at(cache, c):
+    return s4.filter((pl.col("cache") == cache) & (pl.col("concurrency") == c)).row(0, named=True)
+
+
+finding = " ".join(
+    f"At concurrency {c}, prefix caching (paged) reused {at('on', c)['token_hit_rate']:.0%} of prompt tokens, "
+    f"cut TTFT p50 (first token chunk - send) from {at('off', c)['ttft_ms_p50']:.0f} ms to "
+    f"{at('on', c)['ttft_ms_p50']:.0f} ms and the TTFT mean "
+    f"{at('off', c)['ttft_ms_mean'] / at('on', c)['ttft_ms_mean']:.2f}x, and its output throughput (output "
+    f"tokens / wall time) was {at('on', c)['output_throughput'] / at('off', c)['output_throughput']:.2f}x "
+    f"the cache-off figure." for c in sorted({lo, hi}))
+finding += (f" Seed 004 published {SEED_004['ttft_mean']:.2f}x on the TTFT mean and "
+            f"{SEED_004['throughput']:.2f}x on throughput (Qwen3-0.6B, vllm-metal).")
+p = results.filter(pl.col("section") == "peers")
+if p.height:
+    fast, slow = p.sort("ttft_ms_p50").row(0, named=True), p.sort("ttft_ms_p50").row(-1, named=True)
+    finding += (f" Under the same load at concurrency {SERVER_CONCURRENCY}, {fast['server']} had the lowest "
+                f"TTFT p50 of {p.height} servers ({fast['ttft_ms_p50']:.0f} ms) and {slow['server']} the "
+                f"highest ({slow['ttft_ms_p50']:.0f} ms).")
+Markdown(finding)
