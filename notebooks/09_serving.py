@@ -18,7 +18,7 @@
 #
 # Every system the seeds are about is a server handling concurrent requests. Here kvlab's stores
 # run inside mlx-lm's own server (`kv.serve`: continuous batching, OpenAI routes) and this notebook
-# looks at what the server's cache does with each request; `09b_load` measures what that is worth
+# looks at what the server's cache does with each request; `13_load` measures what that is worth
 # in latency and throughput as the load grows.
 #
 # 1. **The four stores under the same traffic**: what each reused per request and why the rest

@@ -1,4 +1,4 @@
-"""09b_load under papermill with its defaults: prefix caching off vs on under concurrent load
+"""13_load under papermill with its defaults: prefix caching off vs on under concurrent load
 (seed 004) on kvlab serve, and the same load on every server: kvlab serve's stores, plain
 mlx_lm.server and vllm-mlx's three modes."""
 
@@ -11,8 +11,8 @@ from notebook_helpers import execute, finding
 pytestmark = [pytest.mark.notebook, pytest.mark.serving, pytest.mark.peers]
 
 
-def test_09b_load(tmp_path):
-    df, nb = execute("09b_load", tmp_path)
+def test_13_load(tmp_path):
+    df, nb = execute("13_load", tmp_path)
     sec = {s: df.filter(pl.col("section") == s) for s in df["section"].unique().to_list()}
     assert set(sec) == {"seed004", "peers"}
 

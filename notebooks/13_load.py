@@ -14,7 +14,7 @@
 # ---
 
 # %% [markdown]
-# # 09b · Load: what a prefix cache is worth as concurrency grows
+# # 13 · Load: what a prefix cache is worth as concurrency grows
 #
 # `kv.load_test` drives any OpenAI-compatible server with streamed, concurrent requests and reports
 # the numbers vLLM's `bench serve` reports. `09_serving` looks at what the server's cache does per
