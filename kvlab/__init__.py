@@ -45,7 +45,7 @@ _LAZY = {
     "quantized_reuse_error": "quantization",
     "Inspector": "viz.widgets",
     "serve": "serving.server",
-    "load_test": "serving.load",
+    "generate_load": "serving.loadgen", "load_test": "serving.loadgen",
 }
 # kv.<name> -> the submodule it names (kept short for notebooks: kv.traces.read(), kv.cost.fit())
 _SUBMODULES = {

@@ -139,7 +139,7 @@ class Watch:
         return getattr(self.net, name)
 
 
-watch = Watch(m.model)
+watch = Watch(m.module)
 engine = kv.Engine(dataclasses.replace(m, model=watch), kv.PagedStore(block_size=block_size), max_tokens=1)
 by_engine = []
 for r in requests:

@@ -85,7 +85,7 @@ store_rows, store_frames, served = [], {}, []
 for store in stores:
     with kv.serve(m, store, budget=budget) as server:
         for wl in WORKLOADS:
-            r = kv.load_test(server.url, wl, concurrency=concurrency, num_requests=requests,
+            r = kv.generate_load(server.url, wl, concurrency=concurrency, num_requests=requests,
                              max_tokens=max_tokens, progress=False)
             store_frames[(store, wl)] = r.frame
             store_rows.append(row(r, section="stores", server="kvlab serve", store=store, workload=wl,
@@ -139,7 +139,7 @@ for store in stores:
 
 # %%
 with kv.serve(m, "radix") as server:
-    chat = kv.load_test(server.url, "multi_turn", concurrency=users, users=users, turns=turns,
+    chat = kv.generate_load(server.url, "multi_turn", concurrency=users, users=users, turns=turns,
                         max_tokens=max_tokens, progress=False)
     events = server.events
 per_turn = (chat.frame.group_by("turn").agg(
@@ -170,9 +170,9 @@ go.Figure(go.Bar(x=per_turn["turn"] + 1, y=per_turn["reuse"], text=per_turn["ttf
 # %%
 kw = dict(users=6, max_tokens=16, record_tokens=True, progress=False)
 with kv.serve(m, "radix") as server:
-    concurrent = kv.load_test(server.url, "shared_system_prompt", concurrency=concurrency, **kw)
+    concurrent = kv.generate_load(server.url, "shared_system_prompt", concurrency=concurrency, **kw)
 with kv.serve(m, "none") as server:
-    alone = kv.load_test(server.url, "shared_system_prompt", concurrency=1, **kw)
+    alone = kv.generate_load(server.url, "shared_system_prompt", concurrency=1, **kw)
 compared = metrics.compare_outputs(concurrent.frame, alone.frame)
 flips = compared.filter(~pl.col("equal"))
 failures = compared.filter(~pl.col("ok"))
@@ -213,9 +213,9 @@ if audited:
 for name in audited:
     off_start, on_start = starts[name]
     with off_start() as srv:
-        fit = savings.fit_prefill(kv.load_test(srv.url, calib, tokenizer=m, concurrency=1, progress=False).frame)
+        fit = savings.fit_prefill(kv.generate_load(srv.url, calib, tokenizer=m, concurrency=1, progress=False).frame)
     with on_start() as srv:
-        on = kv.load_test(srv.url, repeated, tokenizer=m, concurrency=1, progress=False)
+        on = kv.generate_load(srv.url, repeated, tokenizer=m, concurrency=1, progress=False)
         frame = savings.infer_reuse(on.frame, fit)
         log = srv.cache_log().tail(on.frame.height)  # vllm-mlx batched logs each lookup
         if name.startswith("vllm-mlx") and log.height == on.frame.height:
@@ -248,7 +248,7 @@ detail
 # %%
 vlm = kv.load_vlm("tiny")
 with peers.start_mlx_lm(vlm.path) as srv:
-    vlm_text = kv.load_test(srv.url, "shared_system_prompt", concurrency=4, num_requests=8, max_tokens=8,
+    vlm_text = kv.generate_load(srv.url, "shared_system_prompt", concurrency=4, num_requests=8, max_tokens=8,
                             system_tokens=120, progress=False)
     client = openai.OpenAI(base_url=srv.url + "/v1", api_key="kvlab", max_retries=0)
     pixel = ("data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQ"

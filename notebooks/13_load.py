@@ -16,7 +16,7 @@
 # %% [markdown]
 # # 13 · Load: what a prefix cache is worth as concurrency grows
 #
-# `kv.load_test` drives any OpenAI-compatible server with streamed, concurrent requests and reports
+# `kv.generate_load` drives any OpenAI-compatible server with streamed, concurrent requests and reports
 # the numbers vLLM's `bench serve` reports. `09_serving` looks at what the server's cache does per
 # request; this notebook measures what that buys in latency and throughput.
 #
@@ -102,7 +102,7 @@ for cache, store in (("off", "none"), ("on", "paged")):
     with kv.serve(m, store, block_size=16) as server:
         for rep in range(repeats):
             for c in concurrency:
-                r = kv.load_test(server.url, "prefix_repetition", tokenizer=m, concurrency=c,
+                r = kv.generate_load(server.url, "prefix_repetition", tokenizer=m, concurrency=c,
                                  num_requests=num_prompts, prefix_len=prefix_len, suffix_len=suffix_len,
                                  output_len=output_len, num_prefixes=1, seed=100 * rep + c, progress=False)
                 seed004.append(row(r, section="seed004", server="kvlab serve", store=store, cache=cache,
@@ -185,7 +185,7 @@ starts = {**{f"kvlab serve {s}": (lambda s=s: peers.start_kvlab_serve(served_as,
 server_rows = []
 for name in servers:
     with starts[name]() as srv:
-        r = kv.load_test(srv.url, "prefix_repetition", tokenizer=m, concurrency=SERVER_CONCURRENCY,
+        r = kv.generate_load(srv.url, "prefix_repetition", tokenizer=m, concurrency=SERVER_CONCURRENCY,
                          num_requests=SERVER_REQUESTS, prefix_len=prefix_len, suffix_len=suffix_len,
                          output_len=output_len, num_prefixes=1, seed=77, progress=False)
     saved = r.server_delta().get("/v1/cache/stats:engine_cache.tokens_saved")

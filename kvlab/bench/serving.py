@@ -89,11 +89,11 @@ def bench_serving(model, repeats: int, *, concurrency=CONCURRENCY, servers=None,
 
 def _one(srv, model, c, rep, requests, prefix_len, suffix_len, output_len) -> dict:
     from ..errors import KvlabError
-    from ..serving.load import load_test
+    from ..serving.loadgen import generate_load
     from ..primitives.units import fmt_bytes
 
     try:
-        r = load_test(srv.url, "prefix_repetition", tokenizer=model, concurrency=c, num_requests=requests,
+        r = generate_load(srv.url, "prefix_repetition", tokenizer=model, concurrency=c, num_requests=requests,
                       prefix_len=prefix_len, suffix_len=suffix_len, output_len=output_len, num_prefixes=1,
                       seed=1000 * rep + c, progress=False)
     except KvlabError as e:

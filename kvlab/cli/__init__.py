@@ -15,12 +15,14 @@ import argparse
 import sys
 
 from ..errors import KvlabError
-from . import bench, load, notebooks, serving, setup, simulate
+from . import bench, loadgen, notebooks, serving, setup, simulate
 
 __all__ = ["COMMANDS", "build_parser", "main"]
 
 # the command groups, in the order `kvlab --help` lists them
-COMMANDS = (setup, bench, simulate, notebooks, serving, load)
+COMMANDS = (setup, bench, simulate, notebooks, serving, loadgen)
+# old command names kept for one release: old -> new
+RENAMED = {"load": "loadgen", "run": "execute"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -35,6 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     """Run one `kvlab` command; a kvlab error prints ``kvlab: error: ...`` and exits 2."""
     args = build_parser().parse_args(argv)
+    if args.command in RENAMED:
+        print(f"kvlab: `kvlab {args.command}` is deprecated and will be removed in the next release: "
+              f"use `kvlab {RENAMED[args.command]}`", file=sys.stderr)
     try:
         return int(args.func(args) or 0)
     except KvlabError as e:

@@ -1,4 +1,4 @@
-"""`kvlab run` (one notebook run) and `kvlab grid` (a notebook over a parameter grid)."""
+"""`kvlab execute` (one notebook run) and `kvlab grid` (a notebook over a parameter grid)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import sys
 
 
 def register(sub) -> None:
-    s = sub.add_parser("run", help="execute a notebook with papermill into a run folder")
+    s = sub.add_parser("execute", aliases=["run"], help="execute a notebook with papermill into a run folder")
     s.add_argument("notebook", help="the .ipynb to run (its cell tagged 'parameters' is overridden)")
     s.add_argument("-p", "--param", nargs=2, action="append", metavar=("NAME", "VALUE"),
                    help="set a parameter; VALUE is read as YAML (3, 0.5, true, tiny)")

@@ -129,7 +129,7 @@ def main(model_name: str = "smollm2") -> int:
         with pl.Config(tbl_rows=12, tbl_cols=len(columns), tbl_width_chars=140, tbl_hide_dataframe_shape=True):
             print(frame.select([c for c in columns if c in frame.columns]))
     print("\nNext: `make test`, open the notebooks in JupyterLab (kernel 'kvlab'), or "
-          "`kvlab run notebooks/01_multi_turn.ipynb -p model smollm2`.")
+          "`kvlab execute notebooks/01_multi_turn.ipynb -p model smollm2`.")
     return 0
 
 

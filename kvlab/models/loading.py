@@ -14,6 +14,7 @@ import json
 import os
 import sys
 import time
+import warnings
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -56,7 +57,7 @@ class Model:
     """
 
     name: str
-    model: Any            # mlx-lm nn.Module
+    module: Any           # the loaded mlx-lm nn.Module (``net`` is what runs ids: the same, for text)
     tokenizer: Any        # mlx_lm.tokenizer_utils.TokenizerWrapper
     fingerprint: str      # sha256 hex over config, weights and tokenizer files
     path: Path
@@ -71,18 +72,25 @@ class Model:
 
     @property
     def num_layers(self) -> int:
-        return len(self.model.layers)
+        return len(self.module.layers)
 
     @functools.cached_property  # writes the instance __dict__ directly, so frozen is fine
     def num_params(self) -> int:
         from mlx_lm.utils import get_total_parameters
 
-        return get_total_parameters(self.model)
+        return get_total_parameters(self.module)
 
     @property
     def net(self):
         """The mlx-lm module that runs ids: ``net(ids[1, L], cache=...) -> logits``."""
-        return self.model
+        return self.module
+
+    @property
+    def model(self):
+        """Deprecated: ``module`` (the loaded mlx-lm module) or ``net`` (what runs ids)."""
+        warnings.warn("Model.model is deprecated: use Model.module (the mlx-lm module) or Model.net "
+                      "(what runs ids)", FutureWarning, stacklevel=2)
+        return self.module
 
     @property
     def vocab_size(self) -> int:
@@ -96,7 +104,7 @@ class Model:
         """A fresh mlx-lm prompt cache (one entry per layer)."""
         from mlx_lm.models.cache import make_prompt_cache
 
-        return make_prompt_cache(self.model)
+        return make_prompt_cache(self.module)
 
     @functools.cached_property
     def layout(self) -> CacheLayout:

@@ -12,7 +12,7 @@ exits.
 
 Example:
     >>> with start_vllm_mlx("tiny", "paged") as peer:
-    ...     r = kv.load_test(peer.url, "shared_system_prompt", concurrency=4, num_requests=8)
+    ...     r = kv.generate_load(peer.url, "shared_system_prompt", concurrency=4, num_requests=8)
     ...     peer.cache_stats()["engine_cache"]
 """
 
@@ -228,7 +228,7 @@ def start_mlx_lm(model="tiny", *, port: int | None = None, prompt_cache_size: in
 
     Example:
         >>> with start_mlx_lm("tiny") as srv:
-        ...     kv.load_test(srv.url, "multi_turn", concurrency=2, num_requests=6)
+        ...     kv.generate_load(srv.url, "multi_turn", concurrency=2, num_requests=6)
     """
     folder = model_folder(model)
     port = port or free_port()
@@ -250,7 +250,7 @@ def start_kvlab_serve(model="tiny", store: str = "radix", *, budget=None, port: 
 
     Example:
         >>> with start_kvlab_serve("tiny", "paged", budget="64MiB") as srv:
-        ...     kv.load_test(srv.url, "multi_turn", concurrency=2, num_requests=6)
+        ...     kv.generate_load(srv.url, "multi_turn", concurrency=2, num_requests=6)
     """
     name = model if isinstance(model, str) and not Path(model).is_dir() else str(model_folder(model))
     port = port or free_port()

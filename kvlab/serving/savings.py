@@ -10,9 +10,9 @@ behind other requests would read as prefill). The fit's residual (``rmse_ms``) d
 slope is the resolution in tokens.
 
 Example:
-    >>> cold = kv.load_test(off.url, calibration_workload(m), tokenizer=m, concurrency=1)
+    >>> cold = kv.generate_load(off.url, calibration_workload(m), tokenizer=m, concurrency=1)
     >>> fit = fit_prefill(cold.frame)
-    >>> on = kv.load_test(srv.url, repeat_workload(m), tokenizer=m, concurrency=1)
+    >>> on = kv.generate_load(srv.url, repeat_workload(m), tokenizer=m, concurrency=1)
     >>> infer_reuse(on.frame, fit).select("name", "reused_tokens", "reused_inferred")
 """
 

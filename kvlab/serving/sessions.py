@@ -142,7 +142,7 @@ def sessions_for(workload, *, tokenizer=None, users: int = 8, seed: int = 0, tim
 def _turn(r: Request, tokenizer) -> Turn:
     if r.messages is not None:
         if r.has_images:
-            raise RequestError(f"request {r.name!r} carries images; kvlab load sends text only")
+            raise RequestError(f"request {r.name!r} carries images; kvlab loadgen sends text only")
         return Turn(r.name, int(r.max_tokens), messages=r.messages)
     if tokenizer is None:
         raise RequestError(f"request {r.name!r} is token ids; pass tokenizer= so they can be sent "

@@ -56,7 +56,7 @@ class VLModel(Model):
 
     @property
     def image_token_id(self) -> int:
-        return int(self.model.config.image_token_id)
+        return int(self.module.config.image_token_id)
 
     @property
     def merge_size(self) -> int:

@@ -76,7 +76,7 @@ class RequestModel:
 
     @property
     def layers(self):
-        return self.vlm.model.layers
+        return self.vlm.module.layers
 
     @property
     def net(self) -> "RequestModel":
@@ -97,7 +97,7 @@ class RequestModel:
     def __call__(self, inputs: mx.array, cache=None, **kwargs) -> mx.array:
         if kwargs.get("input_embeddings") is not None:
             raise KvlabError("RequestModel computes its own input embeddings; do not pass them")
-        lm = self.vlm.model.language_model
+        lm = self.vlm.module.language_model
         start, length = cache_offset(cache), inputs.shape[1]
         got = self._checked(inputs, start)
         embeds = lm.model.embed_tokens(inputs)
@@ -141,7 +141,7 @@ class RequestModel:
         n = len(self.tokens.ids) if self.tokens is not None else 0
         if self.images and self._positions is None:
             grids = mx.array([self._pixels_of(i).grid for i in range(len(self.images))])
-            pos, delta = self.vlm.model.language_model.get_rope_index(
+            pos, delta = self.vlm.module.language_model.get_rope_index(
                 mx.array(self.tokens.ids)[None], grids, None, None)
             self._positions, self._delta = pos.astype(mx.int32), int(delta.reshape(-1)[0].item())
         parts = []
@@ -175,7 +175,7 @@ class RequestModel:
     def _image_features(self, i: int) -> mx.array:
         if i not in self._features:
             p = self._pixels_of(i)
-            tower = self.vlm.model.vision_tower
+            tower = self.vlm.module.vision_tower
             dtype = tower.patch_embed.proj.weight.dtype
             feats = tower(p.pixel_values.astype(dtype), mx.array([p.grid]), output_hidden_states=False)
             if feats.shape[0] != p.tokens:

@@ -152,7 +152,7 @@ def reference_logits(meta, w, ids):
 def test_smollm2_answers_paris(smol):
     msgs = [{"role": "user", "content": "What is the capital of France?"}]
     ids = smol.tokenizer.apply_chat_template(msgs, add_generation_prompt=True)
-    text = generate(smol.model, smol.tokenizer, ids, max_tokens=20)  # greedy by default
+    text = generate(smol.module, smol.tokenizer, ids, max_tokens=20)  # greedy by default
     assert "Paris" in text, text
 
 
@@ -163,7 +163,7 @@ def test_smollm2_logits_match_reference_forward_pass(smol):
     assert smol.config["tie_word_embeddings"] is True
     ids = smol.tokenizer.encode("The quick brown fox jumps over the lazy dog. 2 + 2 =")
     ref = reference_logits(meta, weights, ids)
-    got = np.array(smol.model(mx.array([ids]))[0, -1].astype(mx.float32), dtype=np.float64)
+    got = np.array(smol.module(mx.array([ids]))[0, -1].astype(mx.float32), dtype=np.float64)
     assert smol.dtype == "float32"
     assert got.shape == ref.shape == (49152,)
     assert np.abs(got - ref).max() < LOGIT_TOL, np.abs(got - ref).max()
@@ -230,7 +230,7 @@ def test_prepare_builds_once(tmp_path, monkeypatch, capsys, smol, tiny):
 
 def _smol_parts(m):
     msgs = [{"role": "user", "content": "What is the capital of France?"}]
-    return m.model, m.tokenizer, m.tokenizer.apply_chat_template(msgs, add_generation_prompt=True)
+    return m.module, m.tokenizer, m.tokenizer.apply_chat_template(msgs, add_generation_prompt=True)
 
 
 # -- tiny models ----------------------------------------------------------------------------
@@ -238,12 +238,12 @@ def _smol_parts(m):
 def test_tiny_is_a_qwen3_with_the_qwen_tokenizer(tiny, qwen_tokenizer):
     assert tiny.arch == "qwen3" and tiny.dtype == "float32" and tiny.context_length == 4096
     assert tiny.config["vocab_size"] == len(qwen_tokenizer._tokenizer) == 151669
-    assert tiny.model.model.embed_tokens.weight.dtype == mx.float32
+    assert tiny.module.model.embed_tokens.weight.dtype == mx.float32
     msgs = [{"role": "user", "content": "hello"}]
     ids = tiny.tokenizer.apply_chat_template(msgs, add_generation_prompt=True)
     assert ids == qwen_tokenizer.apply_chat_template(msgs, add_generation_prompt=True)
     assert "<think>" in tiny.tokenizer.chat_template
-    logits = tiny.model(mx.array([ids]))[0, -1]
+    logits = tiny.module(mx.array([ids]))[0, -1]
     # random but not degenerate: a spread of values and a clear argmax
     assert 0.5 < logits.std().item() < 10
     assert len(set(np.array(logits).round(3).tolist())) > 1000
@@ -275,13 +275,13 @@ def test_tiny_hybrid_cache_is_not_trimmable():
     kinds = [type(c).__name__ for c in m.make_cache()]
     assert m.arch == "lfm2" and kinds == ["ArraysCache", "KVCache", "ArraysCache", "KVCache"]
     assert not can_trim_prompt_cache(m.make_cache())
-    logits = m.model(mx.array([[1, 2, 3]]))
+    logits = m.module(mx.array([[1, 2, 3]]))
     assert logits.shape == (1, 3, 151669) and bool(mx.isfinite(logits).all())
 
 
 def test_dtype_cast_changes_fingerprint(tiny):
     half = kv.load("tiny", dtype="bfloat16")
-    assert half.dtype == "bfloat16" and half.model.model.embed_tokens.weight.dtype == mx.bfloat16
+    assert half.dtype == "bfloat16" and half.module.model.embed_tokens.weight.dtype == mx.bfloat16
     assert half.fingerprint != tiny.fingerprint and half.path == tiny.path
 
 

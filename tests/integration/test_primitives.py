@@ -109,7 +109,7 @@ def test_trim_non_trimmable_names_layer_and_type():
 
 
 def test_trim_wrapped_rotating_cache(tiny):
-    cache = [mlx_cache.RotatingKVCache(max_size=16) for _ in tiny.model.layers]
+    cache = [mlx_cache.RotatingKVCache(max_size=16) for _ in tiny.module.layers]
     _, cache = kv.prefill(tiny, list(range(100, 140)), cache)
     with pytest.raises(NotTrimmableError, match="RotatingKVCache.*wrapped"):
         kv.trim(kv.snapshot(cache), 2)
@@ -117,8 +117,8 @@ def test_trim_wrapped_rotating_cache(tiny):
 
 def test_rotating_cache_before_wrapping_round_trips(tiny):
     ids = list(range(100, 120))
-    cache = [mlx_cache.RotatingKVCache(max_size=64) for _ in tiny.model.layers]
-    cold, _ = kv.prefill(tiny, ids, [mlx_cache.RotatingKVCache(max_size=64) for _ in tiny.model.layers])
+    cache = [mlx_cache.RotatingKVCache(max_size=64) for _ in tiny.module.layers]
+    cold, _ = kv.prefill(tiny, ids, [mlx_cache.RotatingKVCache(max_size=64) for _ in tiny.module.layers])
     _, cache = kv.prefill(tiny, ids[:12], cache)
     warm, _ = kv.prefill(tiny, ids[12:], kv.restore(kv.snapshot(cache)))
     assert max_diff(cold, warm) < TINY_TOL
@@ -210,10 +210,10 @@ def test_generation_after_restore_matches_cold(smol):
 
     full, split = conversation(smol)
     greedy = make_sampler(temp=0.0)
-    cold = "".join(r.text for r in stream_generate(smol.model, smol.tokenizer, list(full.ids),
+    cold = "".join(r.text for r in stream_generate(smol.module, smol.tokenizer, list(full.ids),
                                                    max_tokens=12, sampler=greedy))
     _, cache = kv.prefill(smol, split.prefix_ids)
-    warm = "".join(r.text for r in stream_generate(smol.model, smol.tokenizer, list(split.suffix_ids),
+    warm = "".join(r.text for r in stream_generate(smol.module, smol.tokenizer, list(split.suffix_ids),
                                                    max_tokens=12, sampler=greedy,
                                                    prompt_cache=kv.restore(kv.snapshot(cache))))
     assert warm == cold and "Paris" in cold

@@ -1,4 +1,4 @@
-"""kv.load_test against a real server on loopback: plain mlx_lm.server on the tiny model, started
+"""kv.generate_load against a real server on loopback: plain mlx_lm.server on the tiny model, started
 and stopped by kvlab.serving.peers. Reuse counts are exact where mlx-lm's LRUPromptCache makes
 them deterministic (requests sent one at a time)."""
 
@@ -12,7 +12,7 @@ import pytest
 import kvlab as kv
 from kvlab.cli import main
 from kvlab.errors import KvlabError
-from kvlab.serving import load, metrics, peers
+from kvlab.serving import loadgen, metrics, peers
 
 pytestmark = pytest.mark.model
 
@@ -25,7 +25,7 @@ def server(tiny):
 
 
 def test_multi_turn_sends_the_servers_own_replies_back(server, tiny):
-    r = kv.load_test(server.url, "multi_turn", concurrency=2, num_requests=6, turns=3, max_tokens=24,
+    r = kv.generate_load(server.url, "multi_turn", concurrency=2, num_requests=6, turns=3, max_tokens=24,
                      keep_text=True, seed=11, progress=False)
     f = r.frame
     assert f["ok"].all() and f.height == 6
@@ -46,7 +46,7 @@ def test_multi_turn_sends_the_servers_own_replies_back(server, tiny):
 
 
 def test_prefix_repetition_ids_round_trip_and_reuse_is_exact(server, tiny):
-    r = kv.load_test(server.url, "prefix_repetition", tokenizer=tiny, concurrency=1, num_requests=5,
+    r = kv.generate_load(server.url, "prefix_repetition", tokenizer=tiny, concurrency=1, num_requests=5,
                      prefix_len=512, suffix_len=64, output_len=4, seed=21, progress=False)
     f = r.frame
     assert f["ok"].all()
@@ -67,7 +67,7 @@ def test_trace_replay_keeps_the_traces_prefix_sharing(server, tiny):
     frame = pl.DataFrame({"timestamp": [0, 1, 2, 3], "input_length": [1536, 1536, 300, 1800],
                           "output_length": [3, 3, 3, 3], "hash_ids": [[0, 1, 2], [0, 1, 3], [4], [0, 1, 2, 5]]},
                          schema=kv.traces.SCHEMA)
-    r = kv.load_test(server.url, kv.traces.Trace(frame, 512), tokenizer=tiny, block_tokens=64,
+    r = kv.generate_load(server.url, kv.traces.Trace(frame, 512), tokenizer=tiny, block_tokens=64,
                      concurrency=1, progress=False)
     f = r.frame.sort("request")
     assert f["ok"].all()
@@ -77,10 +77,10 @@ def test_trace_replay_keeps_the_traces_prefix_sharing(server, tiny):
 
 
 def test_rate_arrivals_and_duration_cap(server):
-    r = kv.load_test(server.url, "shared_system_prompt", rate=20.0, duration=1.0, users=200,
+    r = kv.generate_load(server.url, "shared_system_prompt", rate=20.0, duration=1.0, users=200,
                      system_tokens=100, max_tokens=2, seed=5, progress=False)
     f = r.frame
-    planned = [a for a in load._arrivals([None] * 200, 20.0, 5) if a < 1.0]
+    planned = [a for a in loadgen._arrivals([None] * 200, 20.0, 5) if a < 1.0]
     assert abs(f.height - len(planned)) <= 1                 # every arrival before the cap, no more
     assert f["start_s"].max() < 1.0 + 0.05
     assert (f["start_s"] >= f["scheduled_s"] - 1e-3).all()   # never sent before its arrival
@@ -89,9 +89,9 @@ def test_rate_arrivals_and_duration_cap(server):
 
 def test_outputs_under_concurrency_equal_the_same_requests_alone_without_cache(server, tiny):
     kw = dict(users=6, system_tokens=200, max_tokens=12, record_tokens=True, seed=3, progress=False)
-    together = kv.load_test(server.url, "shared_system_prompt", concurrency=4, **kw)
+    together = kv.generate_load(server.url, "shared_system_prompt", concurrency=4, **kw)
     with peers.start_mlx_lm(tiny, prompt_cache_size=0) as off:
-        alone = kv.load_test(off.url, "shared_system_prompt", concurrency=1, **kw)
+        alone = kv.generate_load(off.url, "shared_system_prompt", concurrency=1, **kw)
     assert together.frame["ok"].all() and alone.frame["ok"].all()
     assert (alone.frame["reused_tokens"] == 0).all()              # the reference really ran uncached
     assert together.frame["reused_tokens"].max() > 100            # and the concurrent run reused
@@ -103,7 +103,7 @@ def test_outputs_under_concurrency_equal_the_same_requests_alone_without_cache(s
 
 
 def test_timeouts_fail_the_request_and_end_its_session(server):
-    r = kv.load_test(server.url, "multi_turn", concurrency=2, num_requests=6, turns=3,
+    r = kv.generate_load(server.url, "multi_turn", concurrency=2, num_requests=6, turns=3,
                      timeout=0.001, warmup=False, progress=False)
     f = r.frame
     assert f.height == 2 and not f["ok"].any()                   # one failed turn ends each session
@@ -113,13 +113,13 @@ def test_timeouts_fail_the_request_and_end_its_session(server):
 
 def test_an_unreachable_server_is_a_clear_error():
     with pytest.raises(KvlabError, match="cannot connect"):
-        kv.load_test(f"http://127.0.0.1:{peers.free_port()}", "multi_turn", concurrency=1,
+        kv.generate_load(f"http://127.0.0.1:{peers.free_port()}", "multi_turn", concurrency=1,
                      num_requests=1, progress=False)
 
 
 def test_cli_load_prints_json_and_writes_parquet(server, tmp_path, capsys):
     out = tmp_path / "runs" / "load.parquet"
-    code = main(["load", server.url, "--workload", "shared_system_prompt", "--concurrency", "2",
+    code = main(["loadgen", server.url, "--workload", "shared_system_prompt", "--concurrency", "2",
                  "--num-requests", "4", "--max-tokens", "3", "--system-tokens", "80", "--out", str(out),
                  "--json", "--no-progress"])
     assert code == 0
@@ -131,7 +131,7 @@ def test_cli_load_prints_json_and_writes_parquet(server, tmp_path, capsys):
 
 
 def test_load_result_reprs(server):
-    r = kv.load_test(server.url, "shared_system_prompt", concurrency=1, num_requests=1, max_tokens=2,
+    r = kv.generate_load(server.url, "shared_system_prompt", concurrency=1, num_requests=1, max_tokens=2,
                      progress=False)
     assert repr(r).startswith("LoadResult('shared_system_prompt@c1': 1/1 ok")
     assert "ttft_ms_p50" in r._repr_html_() and "\n" not in repr(r)

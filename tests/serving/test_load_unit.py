@@ -12,7 +12,7 @@ import pytest
 
 import kvlab as kv
 from kvlab.errors import RequestError, TraceError
-from kvlab.serving import load, metrics, savings, sessions
+from kvlab.serving import loadgen, metrics, savings, sessions
 
 
 # --------------------------------------------------------------------------------- metrics
@@ -84,8 +84,8 @@ def test_compare_outputs_reports_first_difference_and_gap():
 
 def test_poisson_arrivals_are_seeded_with_the_requested_rate():
     ss = [sessions.Session(i, ()) for i in range(4000)]
-    a = load._arrivals(ss, 5.0, seed=3)
-    assert a == load._arrivals(ss, 5.0, seed=3) and a != load._arrivals(ss, 5.0, seed=4)
+    a = loadgen._arrivals(ss, 5.0, seed=3)
+    assert a == loadgen._arrivals(ss, 5.0, seed=3) and a != loadgen._arrivals(ss, 5.0, seed=4)
     gaps = np.diff(a)
     assert a[0] == 0.0 and (gaps >= 0).all()
     assert np.mean(gaps) == pytest.approx(1 / 5.0, rel=0.05)
@@ -93,9 +93,9 @@ def test_poisson_arrivals_are_seeded_with_the_requested_rate():
 
 
 def test_budget_stops_at_the_count_and_at_the_duration():
-    b = load._Budget(3, None, time.perf_counter())
+    b = loadgen._Budget(3, None, time.perf_counter())
     assert [b.take() for _ in range(5)] == [0, 1, 2, None, None]
-    b = load._Budget(100, 0.05, time.perf_counter())
+    b = loadgen._Budget(100, 0.05, time.perf_counter())
     assert b.take() == 0
     time.sleep(0.06)
     assert b.take() is None
@@ -107,12 +107,12 @@ def test_budget_stops_at_the_count_and_at_the_duration():
     (dict(concurrency=2, num_requests=2.5), "positive int")])
 def test_bad_arguments_say_what_to_pass(kw, msg):
     with pytest.raises(RequestError, match=msg):
-        kv.load_test("http://127.0.0.1:9", "multi_turn", progress=False, **kw)
+        kv.generate_load("http://127.0.0.1:9", "multi_turn", progress=False, **kw)
 
 
 def test_url_must_be_http():
     with pytest.raises(RequestError, match="http://"):
-        kv.load_test("127.0.0.1:8080", "multi_turn", concurrency=1)
+        kv.generate_load("127.0.0.1:8080", "multi_turn", concurrency=1)
 
 
 # --------------------------------------------------------------------------------- sessions

@@ -1,5 +1,5 @@
 """vllm-mlx 0.6.0 (the seeds' server, from .venv-peers) started by kvlab on the tiny model and
-driven by `kvlab load`: concurrent requests sharing a long prefix hit its prefix cache, and the
+driven by `kvlab loadgen`: concurrent requests sharing a long prefix hit its prefix cache, and the
 hit shows in time, not only in its counters. Stops what it starts."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def test_vllm_mlx_prefix_hit_is_visible_in_ttft(tiny, tmp_path, capsys):
         assert peer.running and peer.url.startswith("http://127.0.0.1:")
         before = peer.cache_stats()["engine_cache"]
         # 10 requests, one shared 2048-token prefix with 64-token suffixes, two in flight at a time
-        code = main(["load", peer.url, "--workload", "prefix_repetition", "--tokenizer", "tiny",
+        code = main(["loadgen", peer.url, "--workload", "prefix_repetition", "--tokenizer", "tiny",
                      "--concurrency", "2", "--num-requests", "10", "--prefix-len", "2048",
                      "--suffix-len", "64", "--output-len", "4", "--seed", "9", "--out", str(out),
                      "--json", "--no-progress"])
@@ -35,7 +35,7 @@ def test_vllm_mlx_prefix_hit_is_visible_in_ttft(tiny, tmp_path, capsys):
         printed = json.loads(capsys.readouterr().out)
         # chat: vllm-mlx opens the stream with a role-only chunk before prefill; TTFT is the first
         # chunk with text, so with 2 output tokens it is most of the request's time
-        chat = kv.load_test(peer.url, "shared_system_prompt", concurrency=1, num_requests=2,
+        chat = kv.generate_load(peer.url, "shared_system_prompt", concurrency=1, num_requests=2,
                             system_tokens=1500, max_tokens=2, progress=False)
         pid, home = peer.pid, peer.home
     assert not peer.running and not home.exists()

@@ -20,7 +20,20 @@ def test_python_dash_m_lists_every_command():
     out = subprocess.run([sys.executable, "-m", "kvlab.cli", "--help"], capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 0, out.stderr
-    assert "{prepare,demo,bench,simulate,run,grid,serve,load,peer}" in out.stdout
+    assert "{prepare,demo,bench,simulate,execute,run,grid,serve,loadgen,load,peer}" in out.stdout
+
+
+def test_renamed_commands_still_work_and_say_so(tmp_path, capsys):
+    """`kvlab run` (a notebook) is `kvlab execute`, `kvlab load` (a load test) is `kvlab loadgen`:
+    `run` and `load` now mean a request through the engine and a model. The old names work for one
+    release and say what to use. Mutant caught: dropping the notice (the stderr check fails)."""
+    from kvlab.cli import loadgen, notebooks
+
+    for old, new, func in (("run", "execute", notebooks.run), ("load", "loadgen", loadgen.load)):
+        assert build_parser().parse_args([old, "x"]).func is build_parser().parse_args([new, "x"]).func is func
+    assert main(["run", str(tmp_path / "missing.ipynb")]) == 2
+    err = capsys.readouterr().err
+    assert "`kvlab run` is deprecated" in err and "use `kvlab execute`" in err
 
 
 def test_grid_replaced_sweep(capsys):

@@ -1,4 +1,4 @@
-"""`kvlab run` shows kvlab's report, not the Jupyter kernel's log: the kernel's "running over TCP
+"""`kvlab execute` shows kvlab's report, not the Jupyter kernel's log: the kernel's "running over TCP
 without encryption" warning is gone because kvlab's kernel channels are CurveZMQ-encrypted (the
 kernel spec declares support; the runner asks jupyter_client to provision keys), while a failing
 cell's error still reaches the user."""

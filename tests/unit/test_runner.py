@@ -1,4 +1,4 @@
-"""kvlab.experiments.runner, kvlab.experiments.grid and the `kvlab run` / `kvlab grid` commands.
+"""kvlab.experiments.runner, kvlab.experiments.grid and the `kvlab execute` / `kvlab grid` commands.
 
 The helpers are plain unit tests; everything that executes a notebook starts a Jupyter kernel
 (papermill) and is marked `notebook`. The notebooks here are tiny and need no model.
@@ -138,7 +138,7 @@ def test_kernelspec_preloads_openblas(tmp_path):
 @pytest.mark.notebook
 def test_run_writes_the_three_artefacts(notebook, tmp_path, capsys):
     out = tmp_path / "run"
-    code = cli.main(["run", str(notebook), "-p", "x", "3", "-p", "label", "seven", "--out", str(out)])
+    code = cli.main(["execute", str(notebook), "-p", "x", "3", "-p", "label", "seven", "--out", str(out)])
     assert code == 0
     printed = capsys.readouterr().out
     assert str(out) in printed and "ok" in printed
@@ -169,7 +169,7 @@ def test_failing_notebook_exits_nonzero_and_names_the_cell(notebook, tmp_path):
     out.mkdir()
     (out / "results.parquet").write_bytes(b"stale")  # a table from an earlier run must not survive
     env = dict(os.environ)
-    proc = subprocess.run([sys.executable, "-m", "kvlab.cli", "run", str(notebook), "-p", "fail", "true",
+    proc = subprocess.run([sys.executable, "-m", "kvlab.cli", "execute", str(notebook), "-p", "fail", "true",
                            "-p", "x", "7", "--out", str(out)], capture_output=True, text=True, env=env,
                           timeout=300)
     assert proc.returncode != 0

@@ -1,4 +1,4 @@
-"""``kv.load_test``: drive any OpenAI-compatible server with concurrent, streamed sessions and
+"""``kv.generate_load``: drive any OpenAI-compatible server with concurrent, streamed sessions and
 measure TTFT, TPOT, ITL and E2EL per request (definitions in :mod:`kvlab.serving.metrics`).
 
 Arrivals: ``concurrency=N`` keeps N sessions in flight; ``rate=R`` starts sessions as a seeded
@@ -10,7 +10,7 @@ each row at its recorded time times ``time_scale``. Every run is bounded: by ``n
 where the server does not say (vllm-mlx: read its counters, ``result.server_delta()``).
 
 Example:
-    >>> r = kv.load_test("http://127.0.0.1:8080", "multi_turn", concurrency=4, num_requests=12)
+    >>> r = kv.generate_load("http://127.0.0.1:8080", "multi_turn", concurrency=4, num_requests=12)
     >>> r.summary["ttft_ms_p50"], r.frame.height
     (41.2, 12)
 """
@@ -21,6 +21,7 @@ import asyncio
 import math
 import os
 import time
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -96,17 +97,17 @@ class LoadResult:
         return summary_html(repr(self), body=table)
 
 
-def load_test(url: str, workload="multi_turn", **kw) -> LoadResult:
+def generate_load(url: str, workload="multi_turn", **kw) -> LoadResult:
     """Run a load test against ``url`` (blocking; from a running event loop it runs in a thread).
-    Keywords as :func:`load_test_async`.
+    Keywords as :func:`generate_load_async`.
 
     Example:
-        >>> r = kv.load_test(server.url, "prefix_repetition", tokenizer=m, concurrency=4,
+        >>> r = kv.generate_load(server.url, "prefix_repetition", tokenizer=m, concurrency=4,
         ...                  num_requests=20, prefix_len=512, suffix_len=128, output_len=16)
         >>> r.summary["token_hit_rate"] > 0.5
         True
     """
-    coro = load_test_async(url, workload, **kw)
+    coro = generate_load_async(url, workload, **kw)
     try:
         asyncio.get_running_loop()
     except RuntimeError:
@@ -115,7 +116,7 @@ def load_test(url: str, workload="multi_turn", **kw) -> LoadResult:
         return pool.submit(asyncio.run, coro).result()
 
 
-async def load_test_async(url: str, workload="multi_turn", *, concurrency: int | None = None,
+async def generate_load_async(url: str, workload="multi_turn", *, concurrency: int | None = None,
                           rate: float | None = None, num_requests: int | None = None,
                           duration: float | None = None, users: int | None = None,
                           tokenizer=None, model: str | None = None, api_key: str | None = None,
@@ -134,7 +135,7 @@ async def load_test_async(url: str, workload="multi_turn", *, concurrency: int |
     reply's text (column ``reply``). ``out`` writes the frame as parquet.
 
     Example:
-        >>> r = await load_test_async(url, "shared_system_prompt", rate=2.0, duration=10)
+        >>> r = await generate_load_async(url, "shared_system_prompt", rate=2.0, duration=10)
     """
     base = _base_url(url)
     if isinstance(tokenizer, (str, os.PathLike)):
@@ -167,7 +168,7 @@ async def load_test_async(url: str, workload="multi_turn", *, concurrency: int |
         before = await server_stats(http, base)
         send = Sender(client, model, temperature, timeout, record_tokens, extra_body, tokenizer)
         rows: list[dict] = []
-        bar = tqdm(total=cap, desc=f"kvlab load {label}", unit="req", disable=not progress)
+        bar = tqdm(total=cap, desc=f"kvlab loadgen {label}", unit="req", disable=not progress)
         t0 = time.perf_counter()
         budget = _Budget(cap, duration, t0)
         sem = asyncio.Semaphore(concurrency) if concurrency else None
@@ -272,3 +273,9 @@ def _base_url(url: str) -> str:
 
 def _fmt(v) -> str:
     return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def load_test(url: str, workload="multi_turn", **kw) -> LoadResult:
+    """Deprecated name of :func:`generate_load` (``load`` is for models); removed in the next release."""
+    warnings.warn("kv.load_test is deprecated: use kv.generate_load", FutureWarning, stacklevel=2)
+    return generate_load(url, workload, **kw)

@@ -1,10 +1,10 @@
-"""`kvlab load`: drive an OpenAI-compatible server with concurrent sessions and print vLLM-style
+"""`kvlab loadgen`: drive an OpenAI-compatible server with concurrent sessions and print vLLM-style
 latency percentiles; `kvlab peer`: run a peer server (vllm-mlx, plain mlx_lm.server) on loopback
 until Ctrl-C.
 
 Example:
     $ kvlab peer vllm-mlx --mode paged --model tiny --port 8100 &
-    $ kvlab load http://127.0.0.1:8100 --workload shared_system_prompt --concurrency 4 \\
+    $ kvlab loadgen http://127.0.0.1:8100 --workload shared_system_prompt --concurrency 4 \\
           --num-requests 16 --out runs/paged.parquet
 """
 
@@ -21,7 +21,8 @@ _WORKLOADS = "multi_turn, agentic_loop, shared_system_prompt, prefix_repetition,
 
 
 def register(sub) -> None:
-    s = sub.add_parser("load", help="load-test an OpenAI-compatible server (TTFT/TPOT/ITL/E2EL)")
+    s = sub.add_parser("loadgen", aliases=["load"],
+                       help="generate load on an OpenAI-compatible server (TTFT/TPOT/ITL/E2EL)")
     s.add_argument("url", help="the server, e.g. http://127.0.0.1:8080")
     s.add_argument("--workload", default="multi_turn", help=_WORKLOADS)
     arrive = s.add_mutually_exclusive_group()
@@ -68,7 +69,7 @@ def register(sub) -> None:
 
 def load(args) -> int:
     """Run the load test; print the summary (aligned, or JSON) and where the frame went."""
-    from ..serving.load import load_test
+    from ..serving.loadgen import generate_load
 
     params = {}
     if args.workload == "prefix_repetition":
@@ -79,7 +80,7 @@ def load(args) -> int:
             if args.workload not in ("multi_turn", "agentic_loop", "shared_system_prompt"):
                 raise KvlabError(f"--{name.replace('_', '-')} applies to chat workloads, not {args.workload}")
             params[name] = getattr(args, name)
-    r = load_test(args.url, args.workload, concurrency=args.concurrency, rate=args.rate,
+    r = generate_load(args.url, args.workload, concurrency=args.concurrency, rate=args.rate,
                   num_requests=args.num_requests, duration=args.duration, users=args.users,
                   time_scale=args.time_scale, block_tokens=args.block_tokens, tokenizer=args.tokenizer,
                   model=args.model, api_key=args.api_key, timeout=args.timeout, seed=args.seed,
@@ -95,7 +96,7 @@ def load(args) -> int:
     print_result({k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in out.items()}, False)
     failed = r.frame.filter(~r.frame["ok"])
     if failed.height:
-        print(f"kvlab load: {failed.height} request(s) failed; first: {failed['error'][0]}", file=sys.stderr)
+        print(f"kvlab loadgen: {failed.height} request(s) failed; first: {failed['error'][0]}", file=sys.stderr)
     return 0 if not failed.height else 1
 
 
