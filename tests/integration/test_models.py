@@ -360,3 +360,14 @@ def test_repr(tiny):
     html = tiny._repr_html_()
     for field in ("arch", "layers", "params", "dtype", "context", "fingerprint", "path"):
         assert f">{field}<" in html
+
+
+def test_deprecated_names_still_work_and_warn(tiny):
+    """Renamed for clarity, kept for one release: Model.model (now Model.module) and kv.load_test
+    (now kv.generate_load). Mutant caught: an alias without its warning."""
+    with pytest.warns(FutureWarning, match="Model.model is deprecated"):
+        assert tiny.model is tiny.module is tiny.net
+    # the alias reaches generate_load, whose own argument check answers (no request is sent)
+    with pytest.warns(FutureWarning, match="kv.load_test is deprecated"), \
+            pytest.raises(kv.RequestError, match="pass concurrency=N"):
+        kv.load_test("http://127.0.0.1:9", "multi_turn", num_requests=1)

@@ -137,7 +137,7 @@ def test_cold_prefill_matches_mlx_vlm(vlm):
     toks = kv.tokenise(vlm, _msgs(img))
     mine, _ = vlm.prefill(toks, all_logits=True)
     px = vlm.process_image(img)
-    ref = vlm.model(mx.array(toks.ids)[None], pixel_values=px.pixel_values,
+    ref = vlm.module(mx.array(toks.ids)[None], pixel_values=px.pixel_values,
                     image_grid_thw=mx.array([px.grid]), cache=vlm.make_cache()).logits[0]
     assert float(mx.abs(mine - ref).max()) <= LOGIT_TOL
 
@@ -167,10 +167,10 @@ def test_decode_positions_match_mlx_vlm(vlm):
     toks = kv.tokenise(vlm, _msgs(img))
     px = vlm.process_image(img)
     theirs = vlm.make_cache()
-    vlm.model(mx.array(toks.ids)[None], pixel_values=px.pixel_values,
+    vlm.module(mx.array(toks.ids)[None], pixel_values=px.pixel_values,
               image_grid_thw=mx.array([px.grid]), cache=theirs)
     nxt = mx.array([[1234]])
-    ref = vlm.model.language_model(nxt, cache=theirs).logits
+    ref = vlm.module.language_model(nxt, cache=theirs).logits
     _, ours = vlm.prefill(toks)
     net = vlm.for_request(toks)
     assert float(mx.abs(net(nxt, cache=ours) - ref).max()) <= LOGIT_TOL
@@ -340,8 +340,8 @@ def test_net_runs_text_only_ids_like_mlx_vlm(vlm):
     # positions passed explicitly: mlx-vlm's own call reuses the positions of the last image
     # request it ran (state kept between calls), so without them the reference depends on test order
     ids = mx.array(toks.ids)[None]
-    positions, _ = vlm.model.language_model.get_rope_index(ids, None, None, None)
-    ref = vlm.model.language_model(ids, cache=vlm.make_cache(), position_ids=positions).logits[0]
+    positions, _ = vlm.module.language_model.get_rope_index(ids, None, None, None)
+    ref = vlm.module.language_model(ids, cache=vlm.make_cache(), position_ids=positions).logits[0]
     assert mine.shape == (len(toks.ids), vlm.vocab_size)
     assert float(mx.abs(mine - ref).max()) <= LOGIT_TOL
     theirs, _ = vlm.prefill(toks, all_logits=True)
