@@ -13,9 +13,10 @@ from hypothesis import strategies as st
 
 import kvlab as kv
 from kvlab.policies import ONLINE
-from kvlab.sim.dispatch import run_kernel
+from kvlab.sim.dispatch import run_kernel, sweep_kernel
 from kvlab.sim.prepare import prepare_replay
 from kvlab.sim.reference import run_python
+from kvlab.sim.simulator import one_pass
 
 SLOW = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -157,6 +158,65 @@ def test_sweep_reports_the_ceiling_and_belady_equals_it():
         (lru["belady_token_hit_ratio"] - lru["token_hit_ratio"]).to_list())
     assert lru["hit_tokens"][-1] == best["hit_tokens"][-1]  # unbounded: nothing to choose
     assert (lru["gap_to_belady"][:3] > 0).all()
+
+
+# --- the ceiling in one pass ---------------------------------------------------------------
+
+
+@st.composite
+def reuse_traces(draw):
+    """Up to 40 requests of 1-12 blocks of 2 tokens (some ending inside a block), their ids from a
+    small alphabet: a block recurs at other depths and in other company than the chained hashes
+    of real traces allow, so belady's ties (depth, then age) decide evictions."""
+    rows = []
+    for _ in range(draw(st.integers(1, 40))):
+        ids = draw(st.lists(st.integers(0, 15), min_size=1, max_size=12, unique=True))
+        if rows and draw(st.booleans()):  # reuse an earlier request's head
+            head = rows[draw(st.integers(0, len(rows) - 1))][1]
+            ids = head[: draw(st.integers(0, len(head)))] + [i for i in ids if i not in head]
+            ids = ids or head[:1]
+        tokens = 2 * len(ids) - draw(st.integers(0, 1))
+        rows.append((max(1, tokens), ids))
+    return trace(rows, block_size=2)
+
+
+def assert_one_pass_is_belady_at_each_capacity(rep, caps):
+    one = one_pass(rep, "belady", caps)
+    per = sweep_kernel(rep, "belady", caps)
+    assert one.shape == per.shape == (len(rep.tokens), len(caps))
+    assert np.array_equal(one, per), np.argwhere(one != per)[:5].tolist()
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(reuse_traces(), st.lists(st.one_of(st.none(), st.integers(0, 24)), min_size=1, max_size=6),
+       st.integers(1, 2))
+def test_the_one_pass_ceiling_is_belady_replayed_at_each_capacity(t, caps, passes):
+    rep = prepare_replay(t, None, passes, None)
+    assert_one_pass_is_belady_at_each_capacity(rep, caps)
+    for c in caps[:2]:  # and the plain-Python definition, request by request
+        got = one_pass(rep, "belady", [c])[:, 0]
+        assert got.tolist() == run_python(rep, "belady", c, reasons=False).hits.tolist()
+    frame = kv.sweep(t, "lru", [None if c is None else 2 * c for c in caps], passes=passes)
+    assert frame["belady_hit_tokens"].to_list() == [2 * int(x) for x in sweep_kernel(rep, "belady", caps).sum(axis=0)]
+
+
+@SLOW
+@given(st.data())
+def test_the_one_pass_ceiling_on_workload_traces(data):
+    try:
+        source, bs = data.draw(workload_traces())
+    except kv.RequestError:
+        assume(False)
+    rep = prepare_replay(source, bs, data.draw(st.integers(1, 3)), None)
+    caps = data.draw(st.lists(st.one_of(st.none(), st.integers(0, max(1, rep.n_blocks))), min_size=1, max_size=8))
+    assert_one_pass_is_belady_at_each_capacity(rep, caps)
+
+
+def test_the_one_pass_ceiling_on_the_mooncake_trace():
+    for passes in (1, 2):
+        rep = prepare_replay(kv.traces.read(), None, passes, None)
+        caps = [int(c) for c in np.geomspace(8, rep.n_blocks, 15)] + [None]
+        assert_one_pass_is_belady_at_each_capacity(rep, caps)
 
 
 def test_stores_refuse_the_offline_optimum():
