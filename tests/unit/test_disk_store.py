@@ -113,12 +113,17 @@ def test_budget_evicts_the_least_recently_used_file_and_survives_restart(tmp_pat
     assert {p.name.split(".")[0] for p in files(again)} == {key_of(x).digest() for x in (a, e, f)}
 
 
-def test_a_truncated_file_is_reported_moved_aside_and_never_used(tmp_path):
-    d = DiskStore(tmp_path, model=FP)
+def a_prompt_and_its_head(path):
+    """A store's files for a 40-token prompt and its first 20 tokens: the ids, the longer file."""
+    d = DiskStore(path, model=FP)
     a = seq(100, 40)
     d.put(key_of(a), snap_of(a))
     d.put(key_of(a[:20]), snap_of(a[:20]))
-    p = d.folder / f"{key_of(a).digest()}.safetensors"
+    return a, d.folder / f"{key_of(a).digest()}.safetensors"
+
+
+def test_a_truncated_file_is_reported_moved_aside_and_never_used(tmp_path):
+    a, p = a_prompt_and_its_head(tmp_path)
     p.write_bytes(p.read_bytes()[:-100])
     with pytest.warns(CorruptFileWarning, match=str(p)):
         again = DiskStore(tmp_path, model=FP)
@@ -132,11 +137,7 @@ def test_a_truncated_file_is_reported_moved_aside_and_never_used(tmp_path):
 
 
 def test_a_flipped_byte_fails_its_digest_on_load_and_the_lookup_falls_back(tmp_path):
-    d = DiskStore(tmp_path, model=FP)
-    a = seq(100, 40)
-    d.put(key_of(a), snap_of(a))
-    d.put(key_of(a[:20]), snap_of(a[:20]))
-    p = d.folder / f"{key_of(a).digest()}.safetensors"
+    a, p = a_prompt_and_its_head(tmp_path)
     data = bytearray(p.read_bytes())
     data[-9] ^= 0x40  # inside the last array: the header still checks out
     p.write_bytes(bytes(data))
