@@ -33,10 +33,8 @@ import os
 import shutil
 import time
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import polars as pl
 
 from ..errors import BlockSizeError, KvlabError, SnapshotError
@@ -47,30 +45,10 @@ from ..primitives.units import fmt_bytes
 from .base import MISS, EventLog, Match, StoreBase, check_budget, too_big
 from .disk_files import (PAGEABLE, SUFFIX, TEMP_PREFIX, CorruptFileWarning, FingerprintOnly, as_ids,
                          check_file, concat_blocks, cut_block)
-from .disk_index import DiskIndex
+from .disk_index import DiskEntry, DiskIndex
 
 __all__ = ["DiskStore", "DiskEntry", "CorruptFileWarning", "concat_blocks"]
 STALE_TEMP_S = 600  # a temp file older than this is a killed writer's leftover, removed on open
-
-
-@dataclass(eq=False)
-class DiskEntry:
-    """One indexed file: hash name, path, tokens, bytes on disk, recency (mtime, ns), and for
-    entries whose key has no namespace (``plain``) their ids (int64 [tokens]) for LCP lookups."""
-
-    name: str
-    path: Path
-    tokens: int
-    nbytes: int
-    mtime_ns: int
-    ids: np.ndarray | None = None
-    hits: int = 0
-
-    def __repr__(self) -> str:
-        return f"DiskEntry({self.name[:12]}, {self.tokens} tokens, {fmt_bytes(self.nbytes)})"
-
-    def _repr_html_(self) -> str:
-        return f"<code>{html.escape(repr(self))}</code>"
 
 
 class DiskStore(StoreBase):

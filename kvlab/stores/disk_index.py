@@ -1,12 +1,11 @@
-"""What a DiskStore knows of its files without reading them: its entries by hash name, their bytes,
-and which of them can serve a key (reads no data).
+"""What a DiskStore knows of its files without reading them: an entry per file (DiskEntry), by hash
+name, their bytes, and which of them can serve a key (reads no data).
 
 Entries whose key has a namespace (a salt or extra keys) serve only as a whole prefix, found by the
 digest of the request's prefix of their length; plain entries keep their ids and serve their
 longest common prefix with a request, as far as the request's own namespace is empty.
 
 Example:
-    >>> from kvlab.stores.disk import DiskEntry
     >>> index = DiskIndex()
     >>> index.add(DiskEntry("f00", Path("f00.safetensors"), 40, 4096, 0, as_ids(range(40))))
     >>> [(reuse, shared) for reuse, shared, _ in index.candidates(CacheKey(tuple(range(50))), 49)]
@@ -15,7 +14,9 @@ Example:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import html
+from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -23,10 +24,27 @@ from ..keys import CacheKey
 from ..primitives.units import fmt_bytes
 from .disk_files import as_ids
 
-if TYPE_CHECKING:
-    from .disk import DiskEntry
+__all__ = ["DiskEntry", "DiskIndex"]
 
-__all__ = ["DiskIndex"]
+
+@dataclass(eq=False)
+class DiskEntry:
+    """One indexed file: hash name, path, tokens, bytes on disk, recency (mtime, ns), and for
+    entries whose key has no namespace (``plain``) their ids (int64 [tokens]) for LCP lookups."""
+
+    name: str
+    path: Path
+    tokens: int
+    nbytes: int
+    mtime_ns: int
+    ids: np.ndarray | None = None
+    hits: int = 0
+
+    def __repr__(self) -> str:
+        return f"DiskEntry({self.name[:12]}, {self.tokens} tokens, {fmt_bytes(self.nbytes)})"
+
+    def _repr_html_(self) -> str:
+        return f"<code>{html.escape(repr(self))}</code>"
 
 
 class DiskIndex:

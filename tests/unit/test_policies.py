@@ -2,7 +2,6 @@
 definition (hits, eviction log, miss reasons) on random traces; each policy's own semantics on
 hand-made sequences."""
 
-import numpy as np
 import polars as pl
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -11,7 +10,7 @@ from sim_helpers import chained_traces, hits, trace
 
 import kvlab as kv
 from kvlab.sim import simulator
-from kvlab.policies import MISS_REASONS, ONLINE, POLICIES, Unit, make_policy, policies_frame
+from kvlab.policies import ONLINE, POLICIES, Unit, make_policy, policies_frame
 from kvlab.sim.dispatch import KERNELS, run_kernel
 from kvlab.sim.prepare import prepare_replay
 from kvlab.sim.reference import run_python

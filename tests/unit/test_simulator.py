@@ -4,7 +4,6 @@ and the compiled kernels and the stack-distance sweep against the plain-Python r
 import json
 
 import numpy as np
-import polars as pl
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
