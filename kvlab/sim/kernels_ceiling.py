@@ -145,7 +145,7 @@ def _keep_run(cnt, bits, summ, mins, n_levels, a, f, m, qv, qc, level, order, t0
         level[order[t0 + t]] = n_levels
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def belady_ceiling_kernel(flat, offsets, hittable, inserted, n_blocks, caps):
     """Hit blocks per request (rows) under belady for every capacity in ``caps`` (blocks,
     ascending, ``UNBOUNDED`` for unbounded; columns). See the module docstring."""

@@ -27,6 +27,7 @@ Example:
 from __future__ import annotations
 
 import html
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -140,7 +141,8 @@ def sweep(source, policy: str = "lru", capacities: Sequence = (), block_size: in
     LRU uses one pass of Mattson's stack-distance algorithm for all capacities, and belady (the
     ceiling included) one pass of its own (kvlab.sim.kernels_ceiling); other policies (and
     ``engine="numba"`` / ``"python"``, and ``reasons``) replay each capacity, compiled replays in
-    parallel threads (``engine="python"`` replays the ceiling too).
+    parallel threads (``engine="python"`` replays the ceiling too); the ceiling's pass runs in a
+    thread beside the policy's.
     ``capacity_tokens`` is null for an unbounded entry.
 
     Example:
@@ -158,6 +160,8 @@ def sweep(source, policy: str = "lru", capacities: Sequence = (), block_size: in
     rep = prepare_replay(source, block_size, passes, tokenizer, priorities)
     caps = [_blocks_of(c, rep.block_size) for c in tokens]
     why = None
+    # the ceiling's pass runs beside the policy's own (its kernel releases the GIL)
+    ceiling = None if policy == "belady" or engine == "python" else _beside(one_pass, rep, "belady", caps)
     if policy in ONE_PASS and engine == "auto" and not reasons:
         hit_blocks = one_pass(rep, policy, caps)
     elif engine != "python" and not reasons:
@@ -172,7 +176,7 @@ def sweep(source, policy: str = "lru", capacities: Sequence = (), block_size: in
     elif engine == "python":
         ceiling = _stack([run_python(rep, "belady", c, reasons=False).hits for c in caps], len(rep.hittable))
     else:
-        ceiling = one_pass(rep, "belady", caps)
+        ceiling = ceiling.result()
     prompt, n, bs = int(rep.tokens.sum()), len(rep.tokens), rep.block_size
     hit_tokens = hit_blocks.sum(axis=0) * bs
     best = ceiling.sum(axis=0) * bs
@@ -211,6 +215,15 @@ def one_pass(rep: Replay, policy: str, caps) -> np.ndarray:
     hit_blocks = np.empty(per.shape, dtype=np.int64)
     hit_blocks[:, order] = per
     return hit_blocks
+
+
+def _beside(fn, *args):
+    """``fn(*args)`` started in a thread of its own (a new one each time: a pool's thread would
+    not survive a fork); its future."""
+    pool = ThreadPoolExecutor(1, thread_name_prefix="kvlab-beside")
+    future = pool.submit(fn, *args)
+    pool.shutdown(wait=False)  # the thread ends when the job does
+    return future
 
 
 def _stack(columns, n_requests: int) -> np.ndarray:
