@@ -65,24 +65,24 @@ class DiskStore(StoreBase):
         if block_size is not None and (isinstance(block_size, bool) or not isinstance(block_size, int)
                                        or block_size <= 0):
             raise BlockSizeError(f"block_size must be a positive int or None (whole entries), got {block_size!r}")
+        self.budget_bytes = None if budget_bytes is None else check_budget(budget_bytes)
+        if model is None:
+            raise SnapshotError(f"DiskStore needs model=: its files are kept in a folder per model under "
+                                f"{os.fspath(path)}, and without the model a new process cannot find the files "
+                                "an earlier one wrote; pass model=m (a kvlab Model) or model=m.fingerprint")
         self.path = Path(os.fspath(path)).expanduser()
         try:
             self.path.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise KvlabError(f"DiskStore cannot use {self.path}: {e.strerror}; pass a writable folder") from e
-        if budget_bytes is None:
-            budget_bytes = max(shutil.disk_usage(self.path).free // 4, 1)
-        self.budget_bytes = check_budget(budget_bytes)
+        if self.budget_bytes is None:
+            self.budget_bytes = max(shutil.disk_usage(self.path).free // 4, 1)
         self.block_size = block_size
         self.fingerprint: str | None = None
         self.folder: Path | None = None
         self._index = DiskIndex()
         self.evictions = self.corrupt = self.hits = 0
         self.log = EventLog()
-        if model is None:
-            raise SnapshotError(f"DiskStore needs model=: its files are kept in a folder per model under "
-                                f"{self.path}, and without the model a new process cannot find the files an "
-                                "earlier one wrote; pass model=m (a kvlab Model) or model=m.fingerprint")
         self.bind(model)
 
     # -- binding and the index --------------------------------------------------------------------
