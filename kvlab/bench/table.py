@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import html
 import statistics
+import time
 from dataclasses import dataclass, field
 
 from ..primitives.display import Html, summary_html, table_html
@@ -60,6 +61,22 @@ def spread(xs) -> dict:
     xs = list(xs)
     return {"median": statistics.median(xs), "pstdev": statistics.pstdev(xs) if len(xs) > 1 else 0.0,
             "min": min(xs), "max": max(xs), "n": len(xs)}
+
+
+def timed(fn, repeats: int):
+    """``fn()`` run ``repeats`` times (at least once): its last result and the seconds of each run.
+
+    Example:
+        >>> out, seconds = timed(lambda: 6 * 7, 3)
+        >>> out, len(seconds)
+        (42, 3)
+    """
+    out, seconds = None, []
+    for _ in range(max(1, repeats)):
+        t0 = time.perf_counter()
+        out = fn()
+        seconds.append(time.perf_counter() - t0)
+    return out, seconds
 
 
 def ms(s: dict) -> str:

@@ -147,6 +147,43 @@ class Policy:
         raise NotImplementedError
 
 
+class Scored(Policy):
+    """Evict the lowest score first, then the lowest ``_rank``, then the least recently used: a
+    score per resident unit, set by ``_start`` when it becomes resident and by ``_again`` on each
+    hit, forgotten when it leaves (lfu counts uses, priority keeps the highest level)."""
+
+    def __init__(self, capacity=None):
+        super().__init__(capacity)
+        self.score: dict = {}
+        self.heap = LazyHeap()
+
+    def _start(self, unit: Unit):
+        raise NotImplementedError
+
+    def _again(self, score, unit: Unit):
+        raise NotImplementedError
+
+    def _rank(self, unit: Unit) -> int:
+        return 0
+
+    def _insert(self, unit: Unit) -> None:
+        self.score[unit.key] = self._start(unit)
+        self.heap.push(self.score[unit.key], self._rank(unit), self.clock, unit.key)
+
+    def _hit(self, unit: Unit) -> None:
+        self.score[unit.key] = self._again(self.score[unit.key], unit)
+        self.heap.push(self.score[unit.key], self._rank(unit), self.clock, unit.key)
+
+    def _pick(self, ok):
+        key = self.heap.pop(ok)
+        del self.score[key]
+        return key
+
+    def _forget(self, key) -> None:
+        self.heap.drop(key)
+        del self.score[key]
+
+
 def first(order: OrderedDict, ok: Callable):
     """The oldest key of ``order`` with ``ok(key)``, or None."""
     for k in order:

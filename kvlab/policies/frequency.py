@@ -4,42 +4,20 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from .base import LazyHeap, Policy, Unit, first
+from .base import Policy, Scored, Unit, first
 
 
-class LFU(Policy):
+class LFU(Scored):
     """Evict the least often used unit; ties: least recently used. A unit's count starts at 1
     when it becomes resident and is forgotten when it leaves (SGLang's LFUStrategy)."""
 
     name = "lfu"
 
-    def __init__(self, capacity=None):
-        super().__init__(capacity)
-        self.count: dict = {}
-        self.heap = LazyHeap()
+    def _start(self, unit: Unit) -> int:
+        return 1
 
-    def _rank(self, unit: Unit) -> int:
-        return 0
-
-    def _push(self, unit: Unit) -> None:
-        self.heap.push(self.count[unit.key], self._rank(unit), self.clock, unit.key)
-
-    def _insert(self, unit: Unit) -> None:
-        self.count[unit.key] = 1
-        self._push(unit)
-
-    def _hit(self, unit: Unit) -> None:
-        self.count[unit.key] += 1
-        self._push(unit)
-
-    def _pick(self, ok):
-        key = self.heap.pop(ok)
-        del self.count[key]
-        return key
-
-    def _forget(self, key) -> None:
-        self.heap.drop(key)
-        del self.count[key]
+    def _again(self, count: int, unit: Unit) -> int:
+        return count + 1
 
 
 class LengthAware(LFU):

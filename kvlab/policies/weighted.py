@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .base import LazyHeap, Policy, Unit
+from .base import LazyHeap, Policy, Scored, Unit
 
 PINNED = 1 << 40  # priority of a pinned unit: it goes only when nothing unpinned is left
 LINEAR_TOKENS = 16384  # per-token linear work in units of one attention step (see recompute_cost)
@@ -25,7 +25,7 @@ def recompute_cost(depth: int, tokens: int, linear: int = LINEAR_TOKENS) -> int:
     return tokens * linear + tokens * depth + tokens * (tokens - 1) // 2
 
 
-class Priority(Policy):
+class Priority(Scored):
     """Evict the lowest priority first, least recently used among equals (SGLang's
     PriorityStrategy). A unit's priority is the highest of the requests that used it while
     resident (``Unit.priority``: in the simulator a trace's ``priority`` column or
@@ -40,28 +40,12 @@ class Priority(Policy):
     def __init__(self, capacity=None, *, pin_tokens: int = 0):
         super().__init__(capacity)
         self.pin_tokens = pin_tokens
-        self.level: dict = {}
-        self.heap = LazyHeap()
 
-    def _of(self, unit: Unit) -> int:
+    def _start(self, unit: Unit) -> int:
         return PINNED if unit.depth + unit.tokens <= self.pin_tokens else unit.priority
 
-    def _insert(self, unit: Unit) -> None:
-        self.level[unit.key] = self._of(unit)
-        self.heap.push(self.level[unit.key], 0, self.clock, unit.key)
-
-    def _hit(self, unit: Unit) -> None:
-        self.level[unit.key] = max(self.level[unit.key], self._of(unit))
-        self.heap.push(self.level[unit.key], 0, self.clock, unit.key)
-
-    def _pick(self, ok):
-        key = self.heap.pop(ok)
-        del self.level[key]
-        return key
-
-    def _forget(self, key) -> None:
-        self.heap.drop(key)
-        del self.level[key]
+    def _again(self, level: int, unit: Unit) -> int:
+        return max(level, self._start(unit))
 
 
 class CostAware(Policy):

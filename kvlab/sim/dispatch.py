@@ -10,9 +10,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..policies import make_policy
-from .kernels_count import run_count, sweep_count
-from .kernels_heap import run_belady, run_cost, sweep_heap
+from .kernels_heap import run_heap, sweep_heap
 from .kernels_lists import run_lists, sweep_lists
+from .kernels_priority import run_priority, sweep_priority
 from .kernels_reasons import explain
 from .prepare import Replay, Replayed
 
@@ -26,10 +26,9 @@ def _arg(name: str, ref) -> int:
 
 
 KERNELS = {name: run_lists for name in ("lru", "fifo", "slru", "s3fifo", "arc", "tinylfu")}
-KERNELS.update({name: run_count for name in ("lfu", "length_aware", "priority")})
-KERNELS["belady"] = lambda name, rep, cap, arg: run_belady(rep, cap)
-KERNELS["cost_aware"] = lambda name, rep, cap, arg: run_cost(rep, cap, arg)
-SWEEPS = {name: {run_lists: sweep_lists, run_count: sweep_count}.get(run, sweep_heap)
+KERNELS.update({name: run_heap for name in ("lfu", "length_aware", "belady", "cost_aware")})
+KERNELS["priority"] = run_priority
+SWEEPS = {name: {run_lists: sweep_lists, run_heap: sweep_heap, run_priority: sweep_priority}[run]
           for name, run in KERNELS.items()}
 
 

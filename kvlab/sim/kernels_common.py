@@ -1,5 +1,5 @@
-"""Building blocks the compiled replay kernels share: the leading-run lookup, intrusive linked
-lists over block ids, a min-heap of int64 rows, and the eviction log.
+"""Building blocks the compiled replay kernels share: the replay's state and its leading-run
+lookup, intrusive linked lists over block ids, a min-heap of int64 rows, and the eviction log.
 
 Lists: ``lk`` int64 [3, n_blocks] holds each block's previous, next and list id (-1: none);
 ``hd`` int64 [3, n_lists] each list's first (oldest) block, last (newest) block and length.
@@ -21,6 +21,12 @@ NEVER = np.int64(1) << 62
 
 
 @numba.njit(cache=True)
+def new_replay(hittable, n_blocks):
+    """Hit blocks per request (int64 [requests]) and which blocks are resident (bool [blocks])."""
+    return np.zeros(len(hittable), np.int64), np.zeros(max(1, n_blocks), np.bool_)
+
+
+@numba.njit(cache=True)
 def leading_hits(flat, start, n, resident):
     k = 0
     while k < n and resident[flat[start + k]]:
@@ -28,17 +34,37 @@ def leading_hits(flat, start, n, resident):
     return k
 
 
-def new_lists(n_blocks: int, n_lists: int):
+@numba.njit(cache=True)
+def lookup(flat, offsets, hittable, resident, hits, r):
+    """Request r's lookup: its hits are the leading run of its resident blocks (within the ones it
+    can hit); returns where its blocks start in ``flat``."""
+    s = offsets[r]
+    hits[r] = leading_hits(flat, s, hittable[r], resident)
+    return s
+
+
+@numba.njit(cache=True)
+def new_lists(n_blocks, n_lists):
     lk = np.full((3, max(1, n_blocks)), -1, np.int64)
     hd = np.full((3, n_lists), -1, np.int64)
     hd[2, :] = 0
     return lk, hd
 
 
+@numba.njit(cache=True)
 def new_log(inserted):
     """Room for every eviction: a block leaves at most once per time it was inserted."""
-    m = max(1, int(inserted.sum()))
+    m = max(1, inserted.sum())
     return np.empty(m, np.int64), np.empty(m, np.int64)
+
+
+@numba.njit(cache=True)
+def evicted(resident, evb, evr, n_ev, b, r):
+    """Block ``b`` leaves, evicted by request ``r``'s insertion; returns the log's length."""
+    resident[b] = False
+    evb[n_ev] = b
+    evr[n_ev] = r
+    return n_ev + 1
 
 
 @numba.njit(cache=True)
@@ -77,35 +103,38 @@ def move_last(lk, hd, lst, b):
 
 
 @numba.njit(cache=True)
-def heap_up(hk, hs, hp, pos, i):
-    k, st, b = hk[i], hs[i], hp[i]
-    while i > 0:
-        p = (i - 1) >> 1
-        if hk[p] < k or (hk[p] == k and hs[p] < st):
-            break
-        hk[i], hs[i], hp[i] = hk[p], hs[p], hp[p]
-        pos[hp[i]] = i
-        i = p
+def _precedes(k1, s1, k2, s2):
+    return k1 < k2 or (k1 == k2 and s1 < s2)
+
+
+@numba.njit(cache=True)
+def _put(hk, hs, hp, pos, i, k, st, b):
     hk[i], hs[i], hp[i] = k, st, b
     pos[b] = i
 
 
 @numba.njit(cache=True)
+def heap_up(hk, hs, hp, pos, i):
+    k, st, b = hk[i], hs[i], hp[i]
+    while i > 0 and _precedes(k, st, hk[(i - 1) >> 1], hs[(i - 1) >> 1]):
+        p = (i - 1) >> 1
+        _put(hk, hs, hp, pos, i, hk[p], hs[p], hp[p])
+        i = p
+    _put(hk, hs, hp, pos, i, k, st, b)
+
+
+@numba.njit(cache=True)
 def heap_down(hk, hs, hp, pos, n, i):
     k, st, b = hk[i], hs[i], hp[i]
-    while True:
+    while 2 * i + 1 < n:
         c = 2 * i + 1
-        if c >= n:
-            break
-        if c + 1 < n and (hk[c + 1] < hk[c] or (hk[c + 1] == hk[c] and hs[c + 1] < hs[c])):
+        if c + 1 < n and _precedes(hk[c + 1], hs[c + 1], hk[c], hs[c]):
             c += 1
-        if k < hk[c] or (k == hk[c] and st < hs[c]):
+        if _precedes(k, st, hk[c], hs[c]):
             break
-        hk[i], hs[i], hp[i] = hk[c], hs[c], hp[c]
-        pos[hp[i]] = i
+        _put(hk, hs, hp, pos, i, hk[c], hs[c], hp[c])
         i = c
-    hk[i], hs[i], hp[i] = k, st, b
-    pos[b] = i
+    _put(hk, hs, hp, pos, i, k, st, b)
 
 
 @numba.njit(cache=True)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from .kernels_common import leading_hits, move_last, new_lists, new_log, push_last, unlink
+from .kernels_common import evicted, lookup, move_last, new_lists, new_log, new_replay, push_last, unlink
 
 
 def run_lists(policy: str, rep, cap: int, arg: int):
@@ -30,18 +30,16 @@ def _tiny_freq(cnt, ep, epoch, b):
 def _lists_kernel(flat, offsets, hittable, inserted, n_blocks, cap, code, arg, lk, hd, evb, evr):
     # code: 0 lru, 1 fifo, 2 slru (arg: protected cap, -1 none), 3 s3fifo (arg: small percent),
     # 4 arc, 5 tinylfu (arg: sample size, -1 none)
-    hits = np.zeros(len(hittable), np.int64)
-    resident = np.zeros(max(1, n_blocks), np.bool_)
-    freq = np.zeros(max(1, n_blocks), np.int64)    # s3fifo counts; tinylfu counts
-    ep = np.zeros(max(1, n_blocks), np.int64)      # tinylfu: epoch a count was written in
+    hits, resident = new_replay(hittable, n_blocks)
+    freq = np.zeros(len(resident), np.int64)    # s3fifo counts; tinylfu counts
+    ep = np.zeros(len(resident), np.int64)      # tinylfu: epoch a count was written in
     ghost_cap = cap - cap * arg // 100 if code == 3 else 0
     p = 0          # arc: T1's target size
     epoch = 0      # tinylfu
     sampled = 0
     n_ev = 0
     for r in range(len(hittable)):
-        s = offsets[r]
-        hits[r] = leading_hits(flat, s, hittable[r], resident)
+        s = lookup(flat, offsets, hittable, resident, hits, r)
         for j in range(inserted[r] - 1, -1, -1):
             b = flat[s + j]
             if code == 5:
@@ -109,10 +107,7 @@ def _lists_kernel(flat, offsets, hittable, inserted, n_blocks, cap, code, arg, l
                 else:
                     v = c
                     unlink(lk, hd, v)
-            resident[v] = False
-            evb[n_ev] = v
-            evr[n_ev] = r
-            n_ev += 1
+            n_ev = evicted(resident, evb, evr, n_ev, v, r)
     return hits, n_ev
 
 
@@ -148,12 +143,9 @@ def sweep_lists(policy: str, rep, caps, args):
 @numba.njit(cache=True, parallel=True)
 def _lists_sweep(flat, offsets, hittable, inserted, n_blocks, caps, code, args):
     out = np.zeros((len(hittable), len(caps)), np.int64)
-    m = max(1, inserted.sum())
     for k in numba.prange(len(caps)):
-        lk = np.full((3, max(1, n_blocks)), -1, np.int64)
-        hd = np.full((3, 4), -1, np.int64)
-        hd[2, :] = 0
-        hits, _ = _lists_kernel(flat, offsets, hittable, inserted, n_blocks, caps[k], code, args[k],
-                                lk, hd, np.empty(m, np.int64), np.empty(m, np.int64))
-        out[:, k] = hits
+        lk, hd = new_lists(n_blocks, 4)
+        evb, evr = new_log(inserted)
+        out[:, k] = _lists_kernel(flat, offsets, hittable, inserted, n_blocks, caps[k], code, args[k],
+                                  lk, hd, evb, evr)[0]
     return out

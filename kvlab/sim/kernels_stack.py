@@ -6,7 +6,7 @@ import numba
 import numpy as np
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def lru_stack_kernel(flat, offsets, hittable, inserted, n_blocks, caps):
     """Hit blocks per request (rows) for every capacity in ``caps`` (blocks, ascending; columns).
 

@@ -7,6 +7,7 @@ import html
 from dataclasses import dataclass
 from pathlib import Path
 
+import numba
 import numpy as np
 
 from ..errors import BlockSizeError, RequestError, TraceError
@@ -98,7 +99,7 @@ def prepare_replay(source, block_size, passes, tokenizer, priorities=None) -> Re
     flat, offsets = trace.block_arrays()
     flat, n_blocks = _dense(flat)
     lengths = np.diff(offsets)
-    _check_no_repeats(flat, lengths, n_blocks)
+    _check_no_repeats(flat, offsets, n_blocks)
     tokens = trace.frame["input_length"].to_numpy().astype(np.int64)
     bs = trace.block_size
     hittable = np.minimum(lengths, (tokens - 1) // bs)
@@ -117,18 +118,24 @@ def prepare_replay(source, block_size, passes, tokenizer, priorities=None) -> Re
                   np.repeat(np.arange(1, passes + 1, dtype=np.int64), r), n_blocks, bs, label, prio, unkeyed)
 
 
-def _check_no_repeats(flat: np.ndarray, lengths: np.ndarray, n_blocks: int) -> None:
+def _check_no_repeats(flat: np.ndarray, offsets: np.ndarray, n_blocks: int) -> None:
     """Chained hash ids never repeat within a request (each covers a different prefix); a trace
     where one does is not a prefix-cache trace, and the replay's parent links would loop."""
-    if flat.size == 0:
-        return
-    req = np.repeat(np.arange(len(lengths), dtype=np.int64), lengths)
-    keys = np.sort(req * max(1, n_blocks) + flat)
-    dup = np.flatnonzero(keys[1:] == keys[:-1])
-    if dup.size:
-        r, b = divmod(int(keys[dup[0]]), max(1, n_blocks))
+    r, b = _first_repeat(flat, offsets, n_blocks)
+    if r >= 0:
         raise TraceError(f"request {r} holds block id {b} twice; chained hash ids are unique within a "
                          "request (each one covers a longer prefix), so this is not a prefix-cache trace")
+
+
+@numba.njit(cache=True)
+def _first_repeat(flat, offsets, n_blocks):
+    last = np.full(max(1, n_blocks), -1, np.int64)  # the last request that held each block
+    for r in range(len(offsets) - 1):
+        for i in range(offsets[r], offsets[r + 1]):
+            if last[flat[i]] == r:
+                return r, flat[i]
+            last[flat[i]] = r
+    return -1, -1
 
 
 def _priorities(priorities, trace) -> np.ndarray | None:

@@ -27,6 +27,7 @@ Example:
 from __future__ import annotations
 
 import html
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -37,17 +38,18 @@ from ..errors import BudgetError, KvlabError
 from ..policies import MISS_REASONS
 from ..policies import POLICIES as _TABLE
 from .dispatch import replay_kernel, run_kernel, sweep_kernel
+from .kernels_ceiling import UNBOUNDED, belady_ceiling_kernel
 from .kernels_stack import lru_stack_kernel
 from .prepare import WORKLOAD_BLOCK_SIZE, Replay, Replayed, prepare_replay
 from .reference import replay_python, run_python
 
 __all__ = ["simulate", "sweep", "SimResult", "POLICIES", "ENGINES", "MISS_REASONS", "Replay",
            "Replayed", "prepare_replay", "replay_python", "replay_kernel", "run_kernel", "sweep_kernel",
-           "run_python", "capacity_label", "WORKLOAD_BLOCK_SIZE"]
+           "one_pass", "ONE_PASS", "run_python", "capacity_label", "WORKLOAD_BLOCK_SIZE"]
 
 POLICIES = ("infinite",) + tuple(_TABLE)
 ENGINES = ("auto", "numba", "python")
-_UNBOUNDED = np.int64(1) << 62
+ONE_PASS = {"lru": lru_stack_kernel, "belady": belady_ceiling_kernel}  # every capacity in one pass
 
 
 @dataclass(frozen=True, eq=False)
@@ -136,9 +138,11 @@ def sweep(source, policy: str = "lru", capacities: Sequence = (), block_size: in
     Every sweep also reports the ceiling: ``belady_hit_tokens`` / ``belady_token_hit_ratio``
     (the offline optimum at that capacity) and ``gap_to_belady`` (its token hit ratio minus
     the policy's). ``reasons=True`` adds the missed tokens per reason (one column each).
-    LRU uses one pass of Mattson's stack-distance algorithm for all capacities; other policies
-    (and ``engine="numba"`` / ``"python"``, and ``reasons``) replay each capacity, compiled
-    replays in parallel threads.
+    LRU uses one pass of Mattson's stack-distance algorithm for all capacities, and belady (the
+    ceiling included) one pass of its own (kvlab.sim.kernels_ceiling); other policies (and
+    ``engine="numba"`` / ``"python"``, and ``reasons``) replay each capacity, compiled replays in
+    parallel threads (``engine="python"`` replays the ceiling too); the ceiling's pass runs in a
+    thread beside the policy's.
     ``capacity_tokens`` is null for an unbounded entry.
 
     Example:
@@ -156,8 +160,10 @@ def sweep(source, policy: str = "lru", capacities: Sequence = (), block_size: in
     rep = prepare_replay(source, block_size, passes, tokenizer, priorities)
     caps = [_blocks_of(c, rep.block_size) for c in tokens]
     why = None
-    if policy == "lru" and engine == "auto" and not reasons:
-        hit_blocks = _lru_sweep(rep, caps)
+    # the ceiling's pass runs beside the policy's own (its kernel releases the GIL)
+    ceiling = None if policy == "belady" or engine == "python" else _beside(one_pass, rep, "belady", caps)
+    if policy in ONE_PASS and engine == "auto" and not reasons:
+        hit_blocks = one_pass(rep, policy, caps)
     elif engine != "python" and not reasons:
         hit_blocks = sweep_kernel(rep, policy, caps, policy_params)
     else:
@@ -170,7 +176,7 @@ def sweep(source, policy: str = "lru", capacities: Sequence = (), block_size: in
     elif engine == "python":
         ceiling = _stack([run_python(rep, "belady", c, reasons=False).hits for c in caps], len(rep.hittable))
     else:
-        ceiling = sweep_kernel(rep, "belady", caps)
+        ceiling = ceiling.result()
     prompt, n, bs = int(rep.tokens.sum()), len(rep.tokens), rep.block_size
     hit_tokens = hit_blocks.sum(axis=0) * bs
     best = ceiling.sum(axis=0) * bs
@@ -194,14 +200,30 @@ def sweep(source, policy: str = "lru", capacities: Sequence = (), block_size: in
 # helpers
 
 
-def _lru_sweep(rep: Replay, caps) -> np.ndarray:
-    caps_arr = np.array([_UNBOUNDED if c is None else c for c in caps], dtype=np.int64)
+def one_pass(rep: Replay, policy: str, caps) -> np.ndarray:
+    """Hit blocks per request (rows) of ``policy`` (one of ``ONE_PASS``: lru, belady) at every
+    capacity in ``caps`` (blocks, None: unbounded; columns, in the order given), in one pass.
+
+    Example:
+        >>> one_pass(prepare_replay([[1, 2, 3], [1, 2, 4]], 1, 1, None), "belady", [0, 1, None]).tolist()
+        [[0, 0, 0], [0, 1, 2]]
+    """
+    kernel = ONE_PASS[policy]
+    caps_arr = np.array([UNBOUNDED if c is None else c for c in caps], dtype=np.int64)
     order = np.argsort(caps_arr, kind="stable")
-    per = lru_stack_kernel(rep.flat, rep.offsets, rep.hittable, rep.inserted, rep.n_blocks,
-                           caps_arr[order])
+    per = kernel(rep.flat, rep.offsets, rep.hittable, rep.inserted, rep.n_blocks, caps_arr[order])
     hit_blocks = np.empty(per.shape, dtype=np.int64)
     hit_blocks[:, order] = per
     return hit_blocks
+
+
+def _beside(fn, *args):
+    """``fn(*args)`` started in a thread of its own (a new one each time: a pool's thread would
+    not survive a fork); its future."""
+    pool = ThreadPoolExecutor(1, thread_name_prefix="kvlab-beside")
+    future = pool.submit(fn, *args)
+    pool.shutdown(wait=False)  # the thread ends when the job does
+    return future
 
 
 def _stack(columns, n_requests: int) -> np.ndarray:

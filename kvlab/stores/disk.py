@@ -33,10 +33,8 @@ import os
 import shutil
 import time
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import polars as pl
 
 from ..errors import BlockSizeError, KvlabError, SnapshotError
@@ -48,37 +46,18 @@ from ..primitives.units import fmt_bytes
 from .base import ALL_LAYER_KINDS, Capabilities, MISS, EventLog, Match, StoreBase, check_budget, too_big
 from .disk_files import (PAGEABLE, SUFFIX, TEMP_PREFIX, CorruptFileWarning, FingerprintOnly, as_ids,
                          check_file, concat_blocks, cut_block)
+from .disk_index import DiskEntry, DiskIndex
 
 __all__ = ["DiskStore", "DiskEntry", "CorruptFileWarning", "concat_blocks"]
 STALE_TEMP_S = 600  # a temp file older than this is a killed writer's leftover, removed on open
 
 
-@dataclass(eq=False)
-class DiskEntry:
-    """One indexed file: hash name, path, tokens, bytes on disk, recency (mtime, ns), and for
-    entries whose key has no namespace (``plain``) their ids (int64 [tokens]) for LCP lookups."""
-
-    name: str
-    path: Path
-    tokens: int
-    nbytes: int
-    mtime_ns: int
-    ids: np.ndarray | None = None
-    hits: int = 0
-
-    def __repr__(self) -> str:
-        return f"DiskEntry({self.name[:12]}, {self.tokens} tokens, {fmt_bytes(self.nbytes)})"
-
-    def _repr_html_(self) -> str:
-        return f"<code>{html.escape(repr(self))}</code>"
-
-
 class DiskStore(StoreBase):
     """Snapshots (or paged blocks) as files in ``path`` (see module docstring).
 
-    ``model`` (a kvlab Model or its fingerprint) binds the store to one model's files; without it
-    the first insert binds it and lookups before that miss. ``budget_bytes`` defaults to a quarter
-    of the disk's free space at open. ``block_size`` switches to paged blocks.
+    ``model`` (a kvlab Model or its fingerprint) is required: the files are kept per model, and a
+    store must know its model on open to find what an earlier process wrote. ``budget_bytes``
+    defaults to a quarter of the disk's free space at open. ``block_size`` switches to paged blocks.
     """
 
     name = "disk"
@@ -87,28 +66,30 @@ class DiskStore(StoreBase):
         if block_size is not None and (isinstance(block_size, bool) or not isinstance(block_size, int)
                                        or block_size <= 0):
             raise BlockSizeError(f"block_size must be a positive int or None (whole entries), got {block_size!r}")
+        self.budget_bytes = None if budget_bytes is None else check_budget(budget_bytes)
+        if model is None:
+            raise SnapshotError(f"DiskStore needs model=: its files are kept in a folder per model under "
+                                f"{os.fspath(path)}, and without the model a new process cannot find the files "
+                                "an earlier one wrote; pass model=m (a kvlab Model) or model=m.fingerprint")
         self.path = Path(os.fspath(path)).expanduser()
         try:
             self.path.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise KvlabError(f"DiskStore cannot use {self.path}: {e.strerror}; pass a writable folder") from e
-        if budget_bytes is None:
-            budget_bytes = max(shutil.disk_usage(self.path).free // 4, 1)
-        self.budget_bytes = check_budget(budget_bytes)
+        if self.budget_bytes is None:
+            self.budget_bytes = max(shutil.disk_usage(self.path).free // 4, 1)
         self.block_size = block_size
         self.fingerprint: str | None = None
         self.folder: Path | None = None
-        self._index: dict[str, DiskEntry] = {}
-        self._lengths: dict[int, int] = {}  # tokens -> count, of entries with a namespace
-        self._bytes = 0
+        self._index = DiskIndex()
         self.evictions = self.corrupt = self.hits = 0
         self.log = EventLog()
-        if model is not None:
-            self.bind(model)
+        self.bind(model)
 
     # -- binding and the index --------------------------------------------------------------------
     def bind(self, model) -> None:
-        """Serve the files of ``model`` (a kvlab Model or a fingerprint) and index them."""
+        """Serve the files of ``model`` (a kvlab Model or a fingerprint) and index them; a store
+        bound to one model refuses another's."""
         fp = model if isinstance(model, str) else getattr(model, "fingerprint", None)
         if not isinstance(fp, str) or not fp:
             raise SnapshotError(f"DiskStore needs a model fingerprint, got {model!r:.60}")
@@ -125,7 +106,7 @@ class DiskStore(StoreBase):
 
     def rebuild(self) -> None:
         """Re-read the index from the files (what another process wrote shows up)."""
-        self._index, self._lengths, self._bytes = {}, {}, 0
+        self._index = DiskIndex()
         now = time.time()
         for p in sorted(self.folder.iterdir()):
             if p.name.startswith(TEMP_PREFIX):
@@ -142,22 +123,8 @@ class DiskStore(StoreBase):
                 continue
             st = p.stat()
             plain = ids is not None and CacheKey(tuple(ids)).digest() == name
-            self._add(DiskEntry(name, p, tokens, st.st_size, st.st_mtime_ns, as_ids(ids) if plain else None))
+            self._index.add(DiskEntry(name, p, tokens, st.st_size, st.st_mtime_ns, as_ids(ids) if plain else None))
         self._evict(protect=set())
-
-    def _add(self, e: DiskEntry) -> None:
-        self._index[e.name] = e
-        if e.ids is None:
-            self._lengths[e.tokens] = self._lengths.get(e.tokens, 0) + 1
-        self._bytes += e.nbytes
-
-    def _remove(self, e: DiskEntry) -> None:
-        del self._index[e.name]
-        if e.ids is None:
-            self._lengths[e.tokens] -= 1
-            if not self._lengths[e.tokens]:
-                del self._lengths[e.tokens]
-        self._bytes -= e.nbytes
 
     def _quarantine(self, p: Path, name: str, why: str) -> None:
         aside = p.with_name(p.name + ".corrupt")
@@ -174,7 +141,7 @@ class DiskStore(StoreBase):
     def put(self, key: CacheKey, snap: Snapshot, *, kind: str = "prompt") -> int:
         """Write the KV of ``key``'s first ``snap.offset`` tokens (its blocks in block mode) unless
         present; returns the bytes written. Present files are refreshed (made most recent)."""
-        self._bind_from(snap)
+        self._check_model(snap)
         if self.block_size is not None:
             return self._put_blocks(key, snap, kind)
         n = snap.offset
@@ -191,7 +158,7 @@ class DiskStore(StoreBase):
 
     def put_block(self, name: str, snap: Snapshot, *, kind: str = "demoted") -> int:
         """Write one paged block (a snapshot of its ``block_size`` tokens) under its hash hex."""
-        self._bind_from(snap)
+        self._check_model(snap)
         if self.block_size is None or snap.offset != self.block_size:
             raise BlockSizeError(f"put_block needs a DiskStore with block_size={snap.offset}, "
                                  f"this one has block_size={self.block_size}")
@@ -220,12 +187,12 @@ class DiskStore(StoreBase):
             p.unlink()
             raise too_big(self.name, st.st_size, self.budget_bytes)
         e = DiskEntry(name, p, snap.offset, st.st_size, st.st_mtime_ns, as_ids(ids) if plain else None)
-        self._add(e)
+        self._index.add(e)
         self.log.add("insert", tokens=e.tokens, nbytes=e.nbytes, entry=name, kind=kind, tier="disk")
         self._evict(protect={name})
         return e.nbytes
 
-    def _bind_from(self, snap: Snapshot) -> None:
+    def _check_model(self, snap: Snapshot) -> None:
         if snap.fingerprint is None:
             raise SnapshotError("DiskStore stores snapshots that know their model: take them with "
                                 "kv.snapshot(cache, model=m)")
@@ -242,12 +209,12 @@ class DiskStore(StoreBase):
                 pass  # removed by another process; its load will notice
 
     def _evict(self, protect: set) -> None:
-        while self._bytes > self.budget_bytes:
+        while self._index.nbytes > self.budget_bytes:
             victims = [e for e in self._index.values() if e.name not in protect]
             if not victims:
                 break
             v = min(victims, key=lambda e: (e.mtime_ns, e.name))
-            self._remove(v)
+            self._index.remove(v)
             v.path.unlink(missing_ok=True)
             self.evictions += 1
             self.log.add("evict", tokens=v.tokens, nbytes=v.nbytes, entry=v.name, reason="lru",
@@ -264,41 +231,21 @@ class DiskStore(StoreBase):
         try:
             snap = load_snapshot(e.path, FingerprintOnly(self.fingerprint))
         except SnapshotError as err:
-            self._remove(e)
+            self._index.remove(e)
             if e.path.exists():
                 self._quarantine(e.path, e.name, str(err).replace(str(e.path), e.path.name))
             return None
         want = e.ids if ids is None else ids
         if snap.token_ids is not None and want is not None and tuple(snap.token_ids) != tuple(int(i) for i in want):
-            self._remove(e)
+            self._index.remove(e)
             self._quarantine(e.path, e.name, "its token ids differ from its key's")
             return None
         e.hits += 1
         return snap
 
-    def candidates(self, key: CacheKey, limit: int) -> list[tuple[int, int, DiskEntry]]:
-        """(reusable tokens, shared tokens, entry) for the entry files that can serve ``key``
-        (at most ``limit`` tokens), most reusable first. Reads no data."""
-        found = {}
-        for n in self._lengths:  # entries with a namespace: only as a whole prefix, by name
-            e = self._index.get(key.digest(n)) if n <= limit or n == len(key) else None
-            if e is not None:
-                found[e.name] = (min(n, limit), n, e)
-        # plain entries share KV up to their common prefix, while the request's namespace is empty
-        free = 0 if key.salt is not None else min((s[0] for s in key.extra_keys), default=len(key))
-        q = as_ids(key.ids[:free])
-        for e in self._index.values():
-            if e.ids is not None and free:
-                m = min(len(e.ids), len(q))
-                diff = np.flatnonzero(e.ids[:m] != q[:m])
-                shared = int(diff[0]) if len(diff) else m
-                if min(shared, limit) > 0:
-                    found[e.name] = (min(shared, limit), shared, e)
-        return sorted(found.values(), key=lambda c: (-c[0], -c[2].mtime_ns))
-
     def best(self, key: CacheKey, limit: int, *, longer_than: int = 0) -> Match:
         """The usable entry file serving the most tokens (more than ``longer_than``), loaded."""
-        for reuse, shared, e in self.candidates(key, limit):
+        for reuse, shared, e in self._index.candidates(key, limit):
             if reuse <= longer_than:
                 break
             snap = self.load(e, key.ids[: e.tokens] if shared == e.tokens else None)
@@ -329,7 +276,7 @@ class DiskStore(StoreBase):
     # -- the Store protocol -----------------------------------------------------------------------
     @property
     def nbytes(self) -> int:
-        return self._bytes
+        return self._index.nbytes
 
     @property
     def entries(self) -> int:
@@ -341,9 +288,6 @@ class DiskStore(StoreBase):
                             holds=ALL_LAYER_KINDS if self.block_size is None else frozenset({"full"}))
 
     def lookup(self, key: CacheKey, tokens: Tokens, *, limit: int) -> Match:
-        if self.fingerprint is None:
-            return Match("miss", why="this DiskStore is not bound to a model yet: pass model=... "
-                         "(it binds on its first insert)")
         if self.block_size is None:
             m = self.best(key, limit)
         else:
@@ -367,7 +311,7 @@ class DiskStore(StoreBase):
 
     def __repr__(self) -> str:
         mode = "entries" if self.block_size is None else f"blocks of {self.block_size}"
-        return (f"DiskStore({self.path}, {len(self._index)} files ({mode}), {fmt_bytes(self._bytes)} of "
+        return (f"DiskStore({self.path}, {len(self._index)} files ({mode}), {fmt_bytes(self._index.nbytes)} of "
                 f"{fmt_bytes(self.budget_bytes)}, {self.evictions} evictions, {self.corrupt} corrupt)")
 
     def _repr_html_(self) -> str:

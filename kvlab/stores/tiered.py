@@ -93,8 +93,6 @@ class TieredStore(StoreBase):
     def lookup(self, key: CacheKey, tokens: Tokens, *, limit: int) -> Match:
         self.counts["lookups"] += 1
         m = self.ram.lookup(key, tokens, limit=limit)
-        if self.disk.fingerprint is None:
-            return self._served(m, 0, m.entry_id)
         if self.block_size is None:
             d = self.disk.best(key, limit, longer_than=m.tokens)
             if d.tokens <= m.tokens:

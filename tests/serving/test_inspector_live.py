@@ -24,23 +24,32 @@ def test_inspector_follows_a_live_server(start, store, system_prompt):
             "messages": [{"role": "system", "content": system_prompt},
                          {"role": "user", "content": f"Question {i}?"}], "max_tokens": 3})
 
-    threads = [threading.Thread(target=ask, args=(i,)) for i in range(6)]
+    def offered(n):  # mlx-lm offers a request's prompt + output to the store just after answering it
+        return server.events.filter((pl.col("event") == "offer") & (pl.col("segment") == "assistant")).height >= n
+
+    def wait_for(done, what):
+        deadline = time.time() + 60
+        while not done():
+            assert time.time() < deadline, f"still waiting for {what}"
+            time.sleep(0.05)
+
+    # the first request is answered and stored before the others are sent, so they can hit its
+    # system prompt however busy the machine is (sent all at once, all six could miss)
+    ask(0)
+    wait_for(lambda: offered(1), "the first request's insert")
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(1, 6)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(60)
-    deadline = time.time() + 60
-    while time.time() < deadline and ins.state()["table_rows"] < 6:
-        time.sleep(0.05)  # the Inspector redraws on the server's listener thread
+    # the Inspector redraws on the server's listener thread
+    wait_for(lambda: ins.state()["table_rows"] >= 6, "six table rows")
     state = ins.state()
     assert state["error"] is None
     assert state["requests"] == state["table_rows"] == 6
     assert state["live"]["requests"] == 6 and state["live"]["token_hit_rate"] > 0
-    # mlx-lm caches a request's prompt + output just after its response is sent: once all six
-    # are stored, a redraw shows exactly the store's bytes
-    while time.time() < deadline and server.events.filter(
-            (pl.col("event") == "offer") & (pl.col("segment") == "assistant")).height < 6:
-        time.sleep(0.05)
+    # once all six are stored, a redraw shows exactly the store's bytes
+    wait_for(lambda: offered(6), "all six inserts")
     ins.refresh()
     assert ins.state()["memory"]["bytes"] == server.store.nbytes
     assert state["simulated"] is not None and state["simulated"]["token_hit_rate"] > 0

@@ -6,25 +6,19 @@ import functools
 import itertools
 
 import numpy as np
-import polars as pl
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
+from sim_helpers import chained_traces, trace
 
 import kvlab as kv
 from kvlab.policies import ONLINE
-from kvlab.sim.dispatch import run_kernel
+from kvlab.sim.dispatch import run_kernel, sweep_kernel
 from kvlab.sim.prepare import prepare_replay
 from kvlab.sim.reference import run_python
+from kvlab.sim.simulator import one_pass
 
 SLOW = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-
-
-def trace(rows, block_size=1):
-    frame = pl.DataFrame({"timestamp": list(range(len(rows))), "input_length": [n for n, _ in rows],
-                          "output_length": [1] * len(rows), "hash_ids": [list(h) for _, h in rows]},
-                         schema=kv.traces.SCHEMA)
-    return kv.traces.Trace(frame, block_size)
 
 
 def optimum(rep, cap) -> int:
@@ -47,24 +41,8 @@ def optimum(rep, cap) -> int:
     return best(0, frozenset())
 
 
-@st.composite
-def small_traces(draw):
-    """Up to 7 requests of 1-5 one-token blocks that repeat or branch off earlier ones."""
-    rows, next_id = [], 0
-    for _ in range(draw(st.integers(1, 7))):
-        n = draw(st.integers(1, 5))
-        ids = []
-        if rows and draw(st.booleans()):
-            parent = rows[draw(st.integers(0, len(rows) - 1))][1]
-            ids = parent[: draw(st.integers(0, min(n, len(parent))))]
-        ids = ids + list(range(next_id, next_id + n - len(ids)))
-        next_id += n
-        rows.append((n, ids))
-    return trace(rows)
-
-
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(small_traces(), st.integers(0, 4))
+@given(chained_traces(block_sizes=(1,), max_requests=7, max_blocks=5), st.integers(0, 4))
 def test_belady_equals_exhaustive_search(t, cap):
     rep = prepare_replay(t, None, 1, None)
     best = optimum(rep, cap)
@@ -77,7 +55,7 @@ def test_a_next_use_that_cannot_hit_counts_as_never():
     # Block 4 is next used by request 3, whose single token is never hittable (the last token is
     # always computed): that use re-inserts it for free, so keeping it until then is worthless.
     # Ranking it by its hittable use at request 4 keeps it over block 2 and loses a hit.
-    t = trace([(4, [0, 1, 2, 3]), (4, [4, 5, 6, 7]), (3, [0, 1, 2]), (1, [4]), (4, [4, 5, 6, 12])])
+    t = trace([(4, [0, 1, 2, 3]), (4, [4, 5, 6, 7]), (3, [0, 1, 2]), (1, [4]), (4, [4, 5, 6, 12])], 1)
     rep = prepare_replay(t, None, 1, None)
     assert optimum(rep, 3) == 4
     r = kv.simulate(t, "belady", capacity_tokens=3)
@@ -94,10 +72,13 @@ def workload_traces(draw):
     conversations / branching prompts through kv.traces.from_requests."""
     kind = draw(st.sampled_from(["prefix_repetition", "branching"]))
     if kind == "prefix_repetition":
-        wl = kv.workloads.prefix_repetition(
-            prefix_len=draw(st.integers(8, 64)), suffix_len=draw(st.integers(1, 48)),
-            num_prompts=draw(st.integers(2, 24)), num_prefixes=draw(st.integers(1, 4)),
-            seed=draw(st.integers(0, 2**16)), vocab_size=50)
+        try:
+            wl = kv.workloads.prefix_repetition(
+                prefix_len=draw(st.integers(8, 64)), suffix_len=draw(st.integers(1, 48)),
+                num_prompts=draw(st.integers(2, 24)), num_prefixes=draw(st.integers(1, 4)),
+                seed=draw(st.integers(0, 2**16)), vocab_size=50)
+        except kv.RequestError:
+            assume(False)
         assume(wl is not None)
         return wl, 8
     rng = np.random.default_rng(draw(st.integers(0, 2**16)))
@@ -112,10 +93,7 @@ def workload_traces(draw):
 @SLOW
 @given(st.data())
 def test_no_policy_beats_belady(data):
-    try:
-        source, bs = data.draw(workload_traces())
-    except kv.RequestError:
-        assume(False)
+    source, bs = data.draw(workload_traces())
     passes = data.draw(st.integers(1, 2))
     rep = prepare_replay(source, bs, passes, None)
     caps = sorted(set(data.draw(st.lists(st.integers(0, max(1, rep.n_blocks)), min_size=1, max_size=5))))
@@ -157,6 +135,62 @@ def test_sweep_reports_the_ceiling_and_belady_equals_it():
         (lru["belady_token_hit_ratio"] - lru["token_hit_ratio"]).to_list())
     assert lru["hit_tokens"][-1] == best["hit_tokens"][-1]  # unbounded: nothing to choose
     assert (lru["gap_to_belady"][:3] > 0).all()
+
+
+# --- the ceiling in one pass ---------------------------------------------------------------
+
+
+@st.composite
+def reuse_traces(draw):
+    """Up to 40 requests of 1-12 blocks of 2 tokens (some ending inside a block), their ids from a
+    small alphabet: a block recurs at other depths and in other company than the chained hashes
+    of real traces allow, so belady's ties (depth, then age) decide evictions."""
+    rows = []
+    for _ in range(draw(st.integers(1, 40))):
+        ids = draw(st.lists(st.integers(0, 15), min_size=1, max_size=12, unique=True))
+        if rows and draw(st.booleans()):  # reuse an earlier request's head
+            head = rows[draw(st.integers(0, len(rows) - 1))][1]
+            ids = head[: draw(st.integers(0, len(head)))] + [i for i in ids if i not in head]
+            ids = ids or head[:1]
+        tokens = 2 * len(ids) - draw(st.integers(0, 1))
+        rows.append((max(1, tokens), ids))
+    return trace(rows, block_size=2)
+
+
+def assert_one_pass_is_belady_at_each_capacity(rep, caps):
+    one = one_pass(rep, "belady", caps)
+    per = sweep_kernel(rep, "belady", caps)
+    assert one.shape == per.shape == (len(rep.tokens), len(caps))
+    assert np.array_equal(one, per), np.argwhere(one != per)[:5].tolist()
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(reuse_traces(), st.lists(st.one_of(st.none(), st.integers(0, 24)), min_size=1, max_size=6),
+       st.integers(1, 2))
+def test_the_one_pass_ceiling_is_belady_replayed_at_each_capacity(t, caps, passes):
+    rep = prepare_replay(t, None, passes, None)
+    assert_one_pass_is_belady_at_each_capacity(rep, caps)
+    for c in caps[:2]:  # and the plain-Python definition, request by request
+        got = one_pass(rep, "belady", [c])[:, 0]
+        assert got.tolist() == run_python(rep, "belady", c, reasons=False).hits.tolist()
+    frame = kv.sweep(t, "lru", [None if c is None else 2 * c for c in caps], passes=passes)
+    assert frame["belady_hit_tokens"].to_list() == [2 * int(x) for x in sweep_kernel(rep, "belady", caps).sum(axis=0)]
+
+
+@SLOW
+@given(st.data())
+def test_the_one_pass_ceiling_on_workload_traces(data):
+    source, bs = data.draw(workload_traces())
+    rep = prepare_replay(source, bs, data.draw(st.integers(1, 3)), None)
+    caps = data.draw(st.lists(st.one_of(st.none(), st.integers(0, max(1, rep.n_blocks))), min_size=1, max_size=8))
+    assert_one_pass_is_belady_at_each_capacity(rep, caps)
+
+
+def test_the_one_pass_ceiling_on_the_mooncake_trace():
+    for passes in (1, 2):
+        rep = prepare_replay(kv.traces.read(), None, passes, None)
+        caps = [int(c) for c in np.geomspace(8, rep.n_blocks, 15)] + [None]
+        assert_one_pass_is_belady_at_each_capacity(rep, caps)
 
 
 def test_stores_refuse_the_offline_optimum():

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from tier_helpers import FP, OTHER_FP, ids_in, key_of, seq, snap_of
 
+import kvlab as kv
 from kvlab.errors import BlockSizeError, BudgetError, SnapshotError
 from kvlab.stores.disk import CorruptFileWarning, DiskStore
 
@@ -69,6 +70,27 @@ def test_restart_rebuilds_the_index_from_the_files(tmp_path):
     assert DiskStore(tmp_path, model=OTHER_FP).entries == 0
 
 
+def test_a_store_must_know_its_model_so_a_second_process_finds_the_first_ones_files(tmp_path):
+    # Before: DiskStore(path) without model= bound on its first insert, so a second process's
+    # store saw none of the first one's files and its lookups missed, silently.
+    with pytest.raises(SnapshotError, match=r"needs model=.*m\.fingerprint") as refused:
+        DiskStore(tmp_path, 1 << 30)
+    assert str(tmp_path) in str(refused.value)
+    with pytest.raises(SnapshotError, match="needs model="):
+        kv.stores.make_store("disk", disk_path=tmp_path, budget_bytes=1 << 30)
+    assert list(tmp_path.iterdir()) == []  # refused before touching the folder
+    first = DiskStore(tmp_path, 1 << 30, model=FP)
+    a, b = seq(100, 40), seq(500, 24)
+    first.put(key_of(a), snap_of(a))
+    first.put(key_of(b, salt="alice"), snap_of(b))
+    second = DiskStore(tmp_path, 1 << 30, model=FP)  # a fresh store, as in a new process
+    assert second.entries == 2 and second.nbytes == sum(p.stat().st_size for p in files(second))
+    m = second.lookup(key_of(a + [1, 2]), None, limit=41)  # its very first lookup is served
+    assert (m.kind, m.tokens) == ("prefix", 40) and ids_in(m.snapshot) == tuple(a)
+    m = second.lookup(key_of(b + [3], salt="alice"), None, limit=24)
+    assert (m.kind, m.tokens) == ("prefix", 24) and ids_in(m.snapshot) == tuple(b)
+
+
 def test_budget_evicts_the_least_recently_used_file_and_survives_restart(tmp_path):
     one = DiskStore(tmp_path / "probe", model=FP)
     one.put(key_of(seq(600, 32)), snap_of(seq(600, 32)))
@@ -91,12 +113,17 @@ def test_budget_evicts_the_least_recently_used_file_and_survives_restart(tmp_pat
     assert {p.name.split(".")[0] for p in files(again)} == {key_of(x).digest() for x in (a, e, f)}
 
 
-def test_a_truncated_file_is_reported_moved_aside_and_never_used(tmp_path):
-    d = DiskStore(tmp_path, model=FP)
+def a_prompt_and_its_head(path):
+    """A store's files for a 40-token prompt and its first 20 tokens: the ids, the longer file."""
+    d = DiskStore(path, model=FP)
     a = seq(100, 40)
     d.put(key_of(a), snap_of(a))
     d.put(key_of(a[:20]), snap_of(a[:20]))
-    p = d.folder / f"{key_of(a).digest()}.safetensors"
+    return a, d.folder / f"{key_of(a).digest()}.safetensors"
+
+
+def test_a_truncated_file_is_reported_moved_aside_and_never_used(tmp_path):
+    a, p = a_prompt_and_its_head(tmp_path)
     p.write_bytes(p.read_bytes()[:-100])
     with pytest.warns(CorruptFileWarning, match=str(p)):
         again = DiskStore(tmp_path, model=FP)
@@ -110,11 +137,7 @@ def test_a_truncated_file_is_reported_moved_aside_and_never_used(tmp_path):
 
 
 def test_a_flipped_byte_fails_its_digest_on_load_and_the_lookup_falls_back(tmp_path):
-    d = DiskStore(tmp_path, model=FP)
-    a = seq(100, 40)
-    d.put(key_of(a), snap_of(a))
-    d.put(key_of(a[:20]), snap_of(a[:20]))
-    p = d.folder / f"{key_of(a).digest()}.safetensors"
+    a, p = a_prompt_and_its_head(tmp_path)
     data = bytearray(p.read_bytes())
     data[-9] ^= 0x40  # inside the last array: the header still checks out
     p.write_bytes(bytes(data))
@@ -173,11 +196,12 @@ def test_bad_input_is_refused_with_kvlab_errors(tmp_path):
         DiskStore(tmp_path, 0)
     with pytest.raises(BlockSizeError):
         DiskStore(tmp_path, block_size=0)
-    d = DiskStore(tmp_path)
-    assert "not bound" in d.lookup(key_of(seq(1, 20)), None, limit=19).why
+    with pytest.raises(SnapshotError, match="model fingerprint"):
+        DiskStore(tmp_path, model=12)
+    d = DiskStore(tmp_path, model=FP)
     with pytest.raises(SnapshotError, match="kv.snapshot"):
         d.put(key_of(seq(1, 8)), snap_of(seq(1, 8), fp=None))
-    d.put(key_of(seq(1, 8)), snap_of(seq(1, 8)))  # binds to FP
+    d.put(key_of(seq(1, 8)), snap_of(seq(1, 8)))
     with pytest.raises(SnapshotError, match="one DiskStore"):
         d.put(key_of(seq(1, 8)), snap_of(seq(1, 8), fp=OTHER_FP))
     with pytest.raises(SnapshotError, match="token ids"):

@@ -2,36 +2,21 @@
 definition (hits, eviction log, miss reasons) on random traces; each policy's own semantics on
 hand-made sequences."""
 
-import math
-
-import numpy as np
 import polars as pl
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from sim_helpers import chained_traces, hits, trace
 
 import kvlab as kv
 from kvlab.sim import simulator
-from kvlab.policies import MISS_REASONS, ONLINE, POLICIES, Unit, make_policy, policies_frame
+from kvlab.policies import ONLINE, POLICIES, Unit, make_policy, policies_frame
 from kvlab.sim.dispatch import KERNELS, run_kernel
 from kvlab.sim.prepare import prepare_replay
 from kvlab.sim.reference import run_python
 
 PARAMS = {"slru": {"protected_percent": 50}, "s3fifo": {"small_percent": 25},
           "tinylfu": {"sample_factor": 2}, "cost_aware": {"linear": 7}, "priority": {"pin_tokens": 8}}
-
-
-def trace(rows, block_size=4, priority=None):
-    cols = {"timestamp": list(range(len(rows))), "input_length": [n for n, _ in rows],
-            "output_length": [1] * len(rows), "hash_ids": [list(h) for _, h in rows]}
-    frame = pl.DataFrame(cols, schema=kv.traces.SCHEMA)
-    if priority is not None:
-        frame = frame.with_columns(pl.Series("priority", priority))
-    return kv.traces.Trace(frame, block_size)
-
-
-def hits(result):
-    return result.requests["hit_blocks"].to_list()
 
 
 def singles(*blocks, bs=4):
@@ -85,30 +70,6 @@ def test_policy_objects_show_themselves_and_honour_evictable():
 # --- compiled == reference ---------------------------------------------------------------------
 
 
-@st.composite
-def random_traces(draw):
-    """Requests that extend, repeat or branch off earlier ones (chained ids, Mooncake lengths),
-    sometimes reusing ids out of chain (a hand-made trace may), with random priorities."""
-    bs = draw(st.sampled_from([1, 2, 4]))
-    rows, next_id = [], 0
-    for _ in range(draw(st.integers(1, 25))):
-        n = draw(st.integers(1, 10 * bs))
-        m = math.ceil(n / bs)
-        ids = []
-        if rows and draw(st.booleans()):
-            parent = rows[draw(st.integers(0, len(rows) - 1))][1]
-            ids = parent[: draw(st.integers(0, min(m, len(parent))))]
-        ids = ids + list(range(next_id, next_id + m - len(ids)))
-        if draw(st.integers(0, 9)) == 0 and len(ids) > 1:  # an id out of its chain
-            ids[draw(st.integers(1, len(ids) - 1))] = draw(st.integers(0, max(0, next_id - 1)))
-            ids = list(dict.fromkeys(ids)) + list(range(next_id + m, next_id + m + m - len(set(ids))))
-            ids = ids[:m]
-        next_id += 2 * m
-        rows.append((n, ids))
-    prio = draw(st.lists(st.integers(0, 3), min_size=len(rows), max_size=len(rows)))
-    return trace(rows, bs, prio)
-
-
 def same(a, b):
     assert a.hits.tolist() == b.hits.tolist()
     assert a.evicted.tolist() == b.evicted.tolist()
@@ -119,7 +80,7 @@ def same(a, b):
 
 @pytest.mark.parametrize("policy", [*POLICIES, "infinite"])
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(t=random_traces(), cap_blocks=st.integers(0, 30), passes=st.integers(1, 2), with_params=st.booleans())
+@given(t=chained_traces(out_of_chain=True, priorities=True), cap_blocks=st.integers(0, 30), passes=st.integers(1, 2), with_params=st.booleans())
 def test_compiled_replay_equals_the_definition(policy, t, cap_blocks, passes, with_params):
     rep = prepare_replay(t, None, passes, None)
     cap = None if policy == "infinite" else cap_blocks

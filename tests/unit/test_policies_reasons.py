@@ -1,19 +1,12 @@
 """Why each missed token missed: every reason on hand-made traces with exact token counts, the
 reasons summing to the missed tokens for every policy, and the per-capacity view in kv.sweep."""
 
-import polars as pl
 import pytest
+from sim_helpers import trace
 
 import kvlab as kv
 from kvlab.policies import MISS_REASONS, POLICIES
 from kvlab.workloads import Request, Workload
-
-
-def trace(rows, block_size=4):
-    frame = pl.DataFrame({"timestamp": list(range(len(rows))), "input_length": [n for n, _ in rows],
-                          "output_length": [1] * len(rows), "hash_ids": [list(h) for _, h in rows]},
-                         schema=kv.traces.SCHEMA)
-    return kv.traces.Trace(frame, block_size)
 
 
 def reasons(result):

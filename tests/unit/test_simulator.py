@@ -2,13 +2,12 @@
 and the compiled kernels and the stack-distance sweep against the plain-Python replay."""
 
 import json
-import math
 
 import numpy as np
-import polars as pl
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from sim_helpers import chained_traces, hits, trace
 
 import kvlab as kv
 from kvlab.errors import BlockSizeError, BudgetError, KvlabError
@@ -18,18 +17,6 @@ from kvlab.policies import MISS_REASONS
 from kvlab.policies import POLICIES as POLICY_TABLE
 from kvlab.sim.dispatch import replay_kernel
 from kvlab.sim.simulator import prepare_replay, replay_python
-
-
-def trace(rows, block_size=4):
-    """rows: (input_length, hash_ids) pairs -> Trace."""
-    frame = pl.DataFrame({"timestamp": list(range(len(rows))), "input_length": [n for n, _ in rows],
-                          "output_length": [1] * len(rows), "hash_ids": [list(h) for _, h in rows]},
-                         schema=kv.traces.SCHEMA)
-    return kv.traces.Trace(frame, block_size)
-
-
-def hits(result):
-    return result.requests["hit_blocks"].to_list()
 
 
 def single(block, n=5):
@@ -186,27 +173,8 @@ def test_mooncake_synthetic_trace_unbounded_cache_ratio():
 # --- sweep == replay, compiled == reference ------------------------------------------------
 
 
-@st.composite
-def random_traces(draw):
-    """Requests that extend, repeat or branch off earlier ones (chained ids, Mooncake lengths)."""
-    bs = draw(st.sampled_from([1, 2, 4]))
-    n_req = draw(st.integers(1, 25))
-    rows, next_id = [], 0
-    for _ in range(n_req):
-        n = draw(st.integers(1, 10 * bs))
-        m = math.ceil(n / bs)
-        ids = []
-        if rows and draw(st.booleans()):
-            parent = rows[draw(st.integers(0, len(rows) - 1))][1]
-            ids = parent[: draw(st.integers(0, min(m, len(parent))))]
-        ids = ids + list(range(next_id, next_id + m - len(ids)))
-        next_id += m
-        rows.append((n, ids))
-    return trace(rows, bs)
-
-
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(random_traces(), st.lists(st.integers(0, 40), min_size=1, max_size=6))
+@given(chained_traces(), st.lists(st.integers(0, 40), min_size=1, max_size=6))
 def test_lru_sweep_equals_per_capacity_plain_replay(t, caps_blocks):
     caps = [c * t.block_size for c in caps_blocks] + [None]
     frame = kv.sweep(t, "lru", caps)
@@ -219,7 +187,7 @@ def test_lru_sweep_equals_per_capacity_plain_replay(t, caps_blocks):
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(random_traces(), st.integers(0, 30), st.sampled_from(["lru", "fifo", "lfu", "infinite"]))
+@given(chained_traces(), st.integers(0, 30), st.sampled_from(["lru", "fifo", "lfu", "infinite"]))
 def test_compiled_replay_equals_plain_replay(t, cap_blocks, policy):
     rep = prepare_replay(t, None, 2, None)
     cap = None if policy == "infinite" else cap_blocks
@@ -229,7 +197,7 @@ def test_compiled_replay_equals_plain_replay(t, cap_blocks, policy):
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(random_traces(), st.lists(st.integers(0, 30), min_size=2, max_size=5),
+@given(chained_traces(), st.lists(st.integers(0, 30), min_size=2, max_size=5),
        st.sampled_from(["fifo", "lfu"]))
 def test_fifo_lfu_sweep_equals_simulate(t, caps_blocks, policy):
     caps = [c * t.block_size for c in caps_blocks]
@@ -239,7 +207,7 @@ def test_fifo_lfu_sweep_equals_simulate(t, caps_blocks, policy):
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(random_traces())
+@given(chained_traces())
 def test_lru_hits_never_fall_as_capacity_grows(t):
     caps = [c * t.block_size for c in range(0, 30)] + [None]
     frame = kv.sweep(t, "lru", caps)

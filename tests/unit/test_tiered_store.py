@@ -126,15 +126,15 @@ def test_write_through_writes_every_insert(tmp_path):
 
 def test_what_cannot_be_tiered_is_refused(tmp_path):
     with pytest.raises(KvlabError, match="hands over what it evicts"):
-        TieredStore(kv.SystemPromptStore(), DiskStore(tmp_path))
+        TieredStore(kv.SystemPromptStore(), DiskStore(tmp_path, model=FP))
     with pytest.raises(BlockSizeError, match="block_size=16"):
-        TieredStore(kv.PagedStore(16), DiskStore(tmp_path))
+        TieredStore(kv.PagedStore(16), DiskStore(tmp_path, model=FP))
     with pytest.raises(BlockSizeError, match="None"):
-        TieredStore(kv.RadixStore(), DiskStore(tmp_path, block_size=16))
+        TieredStore(kv.RadixStore(), DiskStore(tmp_path, model=FP, block_size=16))
     ram = kv.RadixStore()
-    TieredStore(ram, DiskStore(tmp_path))
+    TieredStore(ram, DiskStore(tmp_path, model=FP))
     with pytest.raises(KvlabError, match="already"):
-        TieredStore(ram, DiskStore(tmp_path))
+        TieredStore(ram, DiskStore(tmp_path, model=FP))
     with pytest.raises(KvlabError, match="disk_path"):
         make_store("tiered")
     with pytest.raises(KvlabError, match="radix' or 'paged"):
