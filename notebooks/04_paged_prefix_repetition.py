@@ -91,8 +91,8 @@ cached = kv.Engine(m, kv.PagedStore(block_size=block_size))  # one server: its c
 for rep in range(1, repeats + 1):
     rows.append({"source": "engine", "cache": "on", "pass": rep, **one_pass(cached)})
 engine_runs = pl.DataFrame(rows).with_columns(
-    (pl.col("hit_tokens") / pl.col("prompt_tokens")).alias("token_hit_ratio"),
-    (pl.col("requests_hit") / num_prompts).alias("request_hit_ratio"))
+    (pl.col("hit_tokens") / pl.col("prompt_tokens")).alias("token_hit_rate"),
+    (pl.col("requests_hit") / num_prompts).alias("request_hit_rate"))
 engine_runs
 
 
@@ -112,9 +112,9 @@ pl.DataFrame({"metric": metrics,
 # %%
 cold = on.filter(pl.col("pass") == 1).row(0, named=True)
 warm = on.filter(pl.col("pass") > 1)
-print(f"cold (pass 1): {cold['token_hit_ratio']:.1%} ({cold['hit_tokens']} / {cold['prompt_tokens']})")
+print(f"cold (pass 1): {cold['token_hit_rate']:.1%} ({cold['hit_tokens']} / {cold['prompt_tokens']})")
 for w in warm.iter_rows(named=True):
-    print(f"warm (pass {w['pass']}): {w['token_hit_ratio']:.1%} ({w['hit_tokens']} / {w['prompt_tokens']})")
+    print(f"warm (pass {w['pass']}): {w['token_hit_rate']:.1%} ({w['hit_tokens']} / {w['prompt_tokens']})")
 
 # %% [markdown]
 # ## 3 · The engine agrees with the simulator
@@ -132,7 +132,7 @@ check
 # %%
 def sim_rows(frame, source):
     return frame.select(pl.lit(source).alias("source"), pl.lit("on").alias("cache"), "pass", "hit_tokens",
-                        "prompt_tokens", pl.col("requests_hit").cast(pl.Int64), "token_hit_ratio", "request_hit_ratio")
+                        "prompt_tokens", pl.col("requests_hit").cast(pl.Int64), "token_hit_rate", "request_hit_rate")
 
 results = pl.concat([engine_runs.with_columns(pl.col("requests_hit").cast(pl.Int64)),
                      sim_rows(sim_run, "simulate_run"), sim_rows(sim_seed, "simulate_seed")],
@@ -151,8 +151,8 @@ agree = sum(a == b for a, b in zip(engine_on["hit_tokens"], simulated["hit_token
 finding = ("At seed 004's sizes kv.simulate hits " + " and ".join(
     f"{h:,}/{p:,} prompt tokens in pass {i}" for i, h, p in seed_hits.select("pass", "hit_tokens", "prompt_tokens").iter_rows())
     + " (the seed: 25,088/32,000 cold, 31,200/32,000 warm). "
-    f"On {m.name} the engine's paged cache hit {engine_on['token_hit_ratio'][0]:.0%} of prompt tokens cold and "
-    f"{engine_on['token_hit_ratio'][-1]:.0%} warm, equal to kv.simulate on {agree} of {engine_on.height} passes; "
+    f"On {m.name} the engine's paged cache hit {engine_on['token_hit_rate'][0]:.0%} of prompt tokens cold and "
+    f"{engine_on['token_hit_rate'][-1]:.0%} warm, equal to kv.simulate on {agree} of {engine_on.height} passes; "
     f"median TTFT p50 {engine_off['ttft_p50_ms'].median():.1f} ms off against {engine_on['ttft_p50_ms'].median():.1f} ms on, "
     f"throughput {engine_on['throughput_tok_s'].median() / engine_off['throughput_tok_s'].median():.2f}x.")
 Markdown(finding)

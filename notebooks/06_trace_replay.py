@@ -13,7 +13,7 @@
 # ---
 
 # %% [markdown]
-# # 06 · Trace replay: hit ratio against capacity
+# # 06 · Trace replay: hit rate against capacity
 #
 # Mooncake's public synthetic trace (512-token blocks, chained and remapped `hash_ids`) replayed
 # through LRU, FIFO and LFU block caches of several capacities with `kv.sweep` (model-free), plus
@@ -56,7 +56,7 @@ sweeps["lru"]
 
 # %%
 try:
-    fig = kv.viz.hit_ratio_curves(sweeps, metric="both")
+    fig = kv.viz.hit_rate_curves(sweeps, metric="both")
 except ImportError as e:
     fig = f"kv.viz is not available: {e}"
 fig
@@ -68,8 +68,8 @@ fig
 s = unbounded.summary
 results = pl.concat(
     [f.with_columns(pl.lit(p).alias("policy")) for p, f in sweeps.items()]
-    + [pl.DataFrame({"capacity_tokens": [None], "token_hit_ratio": [s["token_hit_ratio"]],
-                     "request_hit_ratio": [s["request_hit_ratio"]], "hit_tokens": [s["hit_tokens"]],
+    + [pl.DataFrame({"capacity_tokens": [None], "token_hit_rate": [s["token_hit_rate"]],
+                     "request_hit_rate": [s["request_hit_rate"]], "hit_tokens": [s["hit_tokens"]],
                      "prompt_tokens": [s["prompt_tokens"]], "policy": ["infinite"]},
                     schema_overrides={"capacity_tokens": pl.Int64})],
     how="diagonal_relaxed").with_columns(pl.lit(path.name).alias("trace"), pl.lit(len(t)).alias("requests"))
@@ -81,10 +81,10 @@ kv.runner.save_results(results, results_path)
 # %%
 inf = results.filter(pl.col("policy") == "infinite").row(0, named=True)
 cap = capacities[len(capacities) // 2]
-at_cap = results.filter(pl.col("capacity_tokens") == cap).sort("token_hit_ratio", descending=True)
+at_cap = results.filter(pl.col("capacity_tokens") == cap).sort("token_hit_rate", descending=True)
 finding = (f"Replaying {inf['requests']:,} requests of {path.name}, an unbounded cache reuses "
-           f"{inf['token_hit_ratio']:.1%} of prompt tokens ({inf['hit_tokens']:,} of {inf['prompt_tokens']:,}; "
-           f"per token, vLLM's definition) and {inf['request_hit_ratio']:.1%} of requests reuse something (per "
+           f"{inf['token_hit_rate']:.1%} of prompt tokens ({inf['hit_tokens']:,} of {inf['prompt_tokens']:,}; "
+           f"per token, vLLM's definition) and {inf['request_hit_rate']:.1%} of requests reuse something (per "
            f"request, vllm-mlx's). At {cap:,} tokens ({cap / top:.0%} of every distinct block) the token hit "
-           f"ratios are " + ", ".join(f"{p} {r:.1%}" for p, r in at_cap.select("policy", "token_hit_ratio").iter_rows()) + ".")
+           f"ratios are " + ", ".join(f"{p} {r:.1%}" for p, r in at_cap.select("policy", "token_hit_rate").iter_rows()) + ".")
 Markdown(finding)

@@ -64,7 +64,7 @@ policies_frame()
 # %% [markdown]
 # ## 1 · Every policy and the optimum on the Mooncake trace
 #
-# `kv.sweep` reports each capacity's ceiling beside the policy: `belady_token_hit_ratio` (the
+# `kv.sweep` reports each capacity's ceiling beside the policy: `belady_token_hit_rate` (the
 # offline optimum: evict the block whose next hittable use is farthest, descendants first) and
 # `gap_to_belady`. Capacities run from 8 blocks up to every distinct block, where every policy
 # reaches the unbounded cache's ratio.
@@ -81,17 +81,17 @@ trace_sweeps = {p: kv.sweep(t, p, capacities) for p in ONLINE}
 trace_sweeps["belady"] = kv.sweep(t, "belady", capacities)
 for p, f in trace_sweeps.items():
     for r in f.iter_rows(named=True):
-        for m in ("token_hit_ratio", "request_hit_ratio", "belady_token_hit_ratio", "gap_to_belady"):
+        for m in ("token_hit_rate", "request_hit_rate", "belady_token_hit_rate", "gap_to_belady"):
             record("trace_sweep", path.name, p, r["capacity_tokens"], m, r[m])
 t, trace_sweeps["lru"]
 
 # %%
-figure(lambda: kv.viz.hit_ratio_curves(trace_sweeps, title="token hit ratio against capacity (Mooncake trace)"))
+figure(lambda: kv.viz.hit_rate_curves(trace_sweeps, title="token hit rate against capacity (Mooncake trace)"))
 
 # %% [markdown]
 # ## 2 · The gap to the optimum, per policy
 #
-# How many points of token hit ratio each policy leaves on the table, at each capacity and at
+# How many points of token hit rate each policy leaves on the table, at each capacity and at
 # worst. Where capacity is scarce the optimum's foresight is worth most.
 
 # %%
@@ -114,14 +114,14 @@ wl_caps = [16 * b for b in (16, 64, 128, 256, 512)]
 wl_sweeps = {p: kv.sweep(wl, p, wl_caps, 16, passes=2) for p in [*ONLINE, "belady"]}
 for p, f in wl_sweeps.items():
     for r in f.iter_rows(named=True):
-        for m in ("token_hit_ratio", "belady_token_hit_ratio", "gap_to_belady"):
+        for m in ("token_hit_rate", "belady_token_hit_rate", "gap_to_belady"):
             record("workload_sweep", "prefix_repetition", p, r["capacity_tokens"], m, r[m])
-(pl.concat([f.select("capacity_tokens", "token_hit_ratio").with_columns(pl.lit(p).alias("policy"))
+(pl.concat([f.select("capacity_tokens", "token_hit_rate").with_columns(pl.lit(p).alias("policy"))
             for p, f in wl_sweeps.items()])
- .pivot(on="capacity_tokens", index="policy", values="token_hit_ratio"))
+ .pivot(on="capacity_tokens", index="policy", values="token_hit_rate"))
 
 # %%
-figure(lambda: kv.viz.hit_ratio_curves(wl_sweeps, title="token hit ratio against capacity (prefix_repetition)"))
+figure(lambda: kv.viz.hit_rate_curves(wl_sweeps, title="token hit rate against capacity (prefix_repetition)"))
 
 # %% [markdown]
 # ## 4 · Why tokens missed
@@ -184,9 +184,9 @@ qa
 table1 = reproductions.mooncake_table1(kv.traces.read(path))
 for r in table1.iter_rows(named=True):
     cap = None if r["capacity_blocks"] is None else r["capacity_blocks"] * 512
-    for m in ("token_hit_ratio", "paper_hit_ratio", "belady_token_hit_ratio"):
+    for m in ("token_hit_rate", "paper_hit_rate", "belady_token_hit_rate"):
         record("mooncake_table1", path.name, r["policy"], cap, m, r[m])
-table1.pivot(on="policy", index="capacity_blocks", values=["token_hit_ratio", "paper_hit_ratio"])
+table1.pivot(on="policy", index="capacity_blocks", values=["token_hit_rate", "paper_hit_rate"])
 
 # %% [markdown]
 # ## 6 · The shared-node radix tree's memory against the other stores
@@ -222,9 +222,9 @@ for source, prompts in memory_sources.items():
         trees[source, store] = r.store
         memory_rows.append({"source": source, "store": store, "bytes": r.store.nbytes,
                             "vs lower bound": round(r.store.nbytes / lower, 3),
-                            "token hit ratio": round(r.token_hit_rate, 4)})
+                            "token hit rate": round(r.token_hit_rate, 4)})
         record("store_memory", source, store, None, "bytes_vs_lower_bound", r.store.nbytes / lower)
-        record("store_memory", source, store, None, "token_hit_ratio", r.token_hit_rate)
+        record("store_memory", source, store, None, "token_hit_rate", r.token_hit_rate)
 pl.DataFrame(memory_rows)
 
 # %%
@@ -245,7 +245,7 @@ for cap in budget_tokens:
                           bytes_per_token=SYNTHETIC_BYTES_PER_TOKEN) for store in ("radix", "shared-radix")}
     radix_r, shared_r = runs["radix"], runs["shared-radix"]
     for store, r in runs.items():
-        record("store_memory", "prefix_repetition", store, cap, "token_hit_ratio", r.token_hit_rate)
+        record("store_memory", "prefix_repetition", store, cap, "token_hit_rate", r.token_hit_rate)
         record("store_memory", "prefix_repetition", store, cap, "evictions", sum(r.evictions))
     more = sum(a > b for a, b in zip(shared_r.reused, radix_r.reused))
     less = sum(a < b for a, b in zip(shared_r.reused, radix_r.reused))
@@ -274,14 +274,14 @@ def wide(experiment):
 
 
 at_mid = wide("trace_sweep").filter((pl.col("capacity_tokens") == mid) & (pl.col("policy") != "belady"))
-ranked = at_mid.sort("token_hit_ratio", descending=True)
+ranked = at_mid.sort("token_hit_rate", descending=True)
 best, worst = ranked.row(0, named=True), ranked.row(-1, named=True)
 kept = dict(wide("scan_resistance").select("policy", "hot_tokens_kept").iter_rows())
 memory = wide("store_memory").filter(pl.col("capacity_tokens").is_null() & (pl.col("source") == "seed 004"))
 ratio = dict(memory.select("policy", "bytes_vs_lower_bound").iter_rows())
-finding = (f"On the Mooncake trace at {mid:,} tokens, {best['policy']} reached a token hit ratio of "
-           f"{best['token_hit_ratio']:.1%} and {worst['policy']} {worst['token_hit_ratio']:.1%}, against the optimum's "
-           f"{best['belady_token_hit_ratio']:.1%}. In LMCache's scan, ARC kept {kept['arc']:.0f} of the 1024 hot "
+finding = (f"On the Mooncake trace at {mid:,} tokens, {best['policy']} reached a token hit rate of "
+           f"{best['token_hit_rate']:.1%} and {worst['policy']} {worst['token_hit_rate']:.1%}, against the optimum's "
+           f"{best['belady_token_hit_rate']:.1%}. In LMCache's scan, ARC kept {kept['arc']:.0f} of the 1024 hot "
            f"tokens and LRU {kept['lru']:.0f}. On seed 004 the shared-node radix tree held "
            f"{ratio['shared-radix']:.2f}x the bytes of every distinct token stored once, RadixStore {ratio['radix']:.1f}x "
            f"and PagedStore {ratio['paged']:.2f}x.")

@@ -249,7 +249,7 @@ sweep
 # %%
 labels = ["unbounded" if c is None else f"{c:,}" for c in sweep["capacity_tokens"].to_list()]
 fig = go.Figure([go.Bar(x=labels, y=sweep["est_ttft_saved_s"], name="TTFT saved",
-                        text=[f"{r:.0%} hit" for r in sweep["token_hit_ratio"]])])
+                        text=[f"{r:.0%} hit" for r in sweep["token_hit_rate"]])])
 fig.update_layout(title=f"Estimated TTFT saved over {len(sweep_wl.requests) * 2} requests (model {m.name})",
                   xaxis_title="cache capacity, tokens", yaxis_title="seconds saved")
 fig

@@ -52,7 +52,7 @@ def simulate(args) -> int:
         if not args.json:
             print(frame)
             print("belady_*: the offline optimum at each capacity (no policy can beat it); "
-                  "gap_to_belady: its token hit ratio minus this policy's")
+                  "gap_to_belady: its token hit rate minus this policy's")
             return 0
         print_result({"source": str(args.trace or args.workload), "policy": args.policy,
                       "ceiling": "belady", "sweep": frame.to_dicts()}, True)
@@ -65,15 +65,15 @@ def simulate(args) -> int:
         out["by_pass"] = per_pass
         print_result(out, True)
         return 0
-    out["token_hit_ratio"] = (f"{out['token_hit_ratio']:.1%} "
+    out["token_hit_rate"] = (f"{out['token_hit_rate']:.1%} "
                               f"({out['hit_tokens']}/{out['prompt_tokens']} tokens)")
-    out["request_hit_ratio"] = f"{out['request_hit_ratio']:.1%}"
+    out["request_hit_rate"] = f"{out['request_hit_rate']:.1%}"
     out["capacity_tokens"] = capacity_label(out["capacity_tokens"])
     out["miss_reasons"] = ", ".join(f"{k} {v}" for k, v in out["miss_reasons"].items() if v) or "none"
     if len(per_pass) > 1:
         for p in per_pass:
-            out[f"pass {p['pass']}"] = (f"{p['token_hit_ratio']:.1%} ({p['hit_tokens']}/{p['prompt_tokens']}"
-                                        f" tokens), request hit {p['request_hit_ratio']:.1%}")
+            out[f"pass {p['pass']}"] = (f"{p['token_hit_rate']:.1%} ({p['hit_tokens']}/{p['prompt_tokens']}"
+                                        f" tokens), request hit {p['request_hit_rate']:.1%}")
     print_result(out, False)
     return 0
 

@@ -253,7 +253,7 @@ def annotate(result, cost: CostModel):
 
 def sweep_seconds(source, cost: CostModel, capacities, policy: str = "lru", block_size: int | None = None,
                   *, passes: int = 1, tokenizer=None) -> pl.DataFrame:
-    """A capacity sweep in seconds: per capacity, both hit ratios and the estimated prefill
+    """A capacity sweep in seconds: per capacity, both hit rates and the estimated prefill
     seconds with and without the cache, and the TTFT saved (in total over the source).
 
     Example:
@@ -265,8 +265,8 @@ def sweep_seconds(source, cost: CostModel, capacities, policy: str = "lru", bloc
     for cap in capacities:
         r = annotate(simulate(source, policy, cap, block_size, passes=passes, tokenizer=tokenizer), cost)
         s = r.summary
-        rows.append({"capacity_tokens": s["capacity_tokens"], "token_hit_ratio": s["token_hit_ratio"],
-                     "request_hit_ratio": s["request_hit_ratio"], "hit_tokens": s["hit_tokens"],
+        rows.append({"capacity_tokens": s["capacity_tokens"], "token_hit_rate": s["token_hit_rate"],
+                     "request_hit_rate": s["request_hit_rate"], "hit_tokens": s["hit_tokens"],
                      "prompt_tokens": s["prompt_tokens"], **{k: s[k] for k in COLUMNS},
                      "est_saved_ratio": s["est_saved_ratio"]})
     return pl.DataFrame(rows, schema_overrides={"capacity_tokens": pl.Int64})

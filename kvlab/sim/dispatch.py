@@ -14,7 +14,7 @@ from .kernels_heap import run_heap, sweep_heap
 from .kernels_lists import run_lists, sweep_lists
 from .kernels_priority import run_priority, sweep_priority
 from .kernels_reasons import explain
-from .prepare import Replay, Replayed
+from .prepare import PreparedTrace, Replayed
 
 
 def _arg(name: str, ref) -> int:
@@ -32,7 +32,7 @@ SWEEPS = {name: {run_lists: sweep_lists, run_heap: sweep_heap, run_priority: swe
           for name, run in KERNELS.items()}
 
 
-def run_kernel(rep: Replay, policy: str, cap: int | None, params: dict | None = None, *,
+def run_kernel(rep: PreparedTrace, policy: str, cap: int | None, params: dict | None = None, *,
                reasons: bool = True) -> Replayed:
     """One compiled replay (``policy="infinite"``: LRU without a capacity).
 
@@ -51,14 +51,14 @@ def run_kernel(rep: Replay, policy: str, cap: int | None, params: dict | None = 
     return Replayed(hits, evb, evr, why, by)
 
 
-def replay_kernel(rep: Replay, policy: str, cap: int | None, params: dict | None = None
+def replay_kernel(rep: PreparedTrace, policy: str, cap: int | None, params: dict | None = None
                   ) -> tuple[np.ndarray, int]:
     """Hit blocks per request and the eviction count, from the policy's compiled kernel."""
     out = run_kernel(rep, policy, cap, params, reasons=False)
     return out.hits, out.evictions
 
 
-def sweep_kernel(rep: Replay, policy: str, caps, params: dict | None = None) -> np.ndarray:
+def sweep_kernel(rep: PreparedTrace, policy: str, caps, params: dict | None = None) -> np.ndarray:
     """Hit blocks per request (rows) at each capacity in ``caps`` (blocks, None: unbounded;
     columns): one compiled replay per capacity, run in parallel threads.
 

@@ -16,7 +16,7 @@ WORKLOAD_BLOCK_SIZE = 16
 
 
 @dataclass(frozen=True)
-class Replay:
+class PreparedTrace:
     """A source ready to replay: every request's blocks as dense ids, and what each may hit.
 
     The simulator, the compiled kernels (kvlab.sim) and the benchmarks all read it.
@@ -50,15 +50,15 @@ class Replay:
         return self.unkeyed, int(self.unkeyed.max()) + 1 if self.unkeyed.size else 0
 
     def __repr__(self) -> str:
-        return (f"Replay({self.label}: {len(self.tokens)} requests, {int(self.offsets[-1])} block "
+        return (f"PreparedTrace({self.label}: {len(self.tokens)} requests, {int(self.offsets[-1])} block "
                 f"references, {self.n_blocks} distinct, block_size={self.block_size})")
 
     def _repr_html_(self) -> str:
         return f"<code>{html.escape(repr(self))}</code>"
 
 
-def prepare_replay(source, block_size, passes, tokenizer, priorities=None) -> Replay:
-    """Any source ``simulate`` takes, as a Replay (``passes`` copies back to back).
+def prepare_replay(source, block_size, passes, tokenizer, priorities=None) -> PreparedTrace:
+    """Any source ``simulate`` takes, as a PreparedTrace (``passes`` copies back to back).
 
     ``priorities`` (one int per source request) feed the ``priority`` policy; without them a
     trace's ``priority`` column is used when its frame has one, else 0.
@@ -114,7 +114,7 @@ def prepare_replay(source, block_size, passes, tokenizer, priorities=None) -> Re
         tokens, hittable, inserted = (np.tile(a, passes) for a in (tokens, hittable, inserted))
         prio = None if prio is None else np.tile(prio, passes)
         unkeyed = None if unkeyed is None else np.tile(unkeyed, passes)
-    return Replay(flat, offsets, tokens, hittable, inserted, np.tile(np.arange(r, dtype=np.int64), passes),
+    return PreparedTrace(flat, offsets, tokens, hittable, inserted, np.tile(np.arange(r, dtype=np.int64), passes),
                   np.repeat(np.arange(1, passes + 1, dtype=np.int64), r), n_blocks, bs, label, prio, unkeyed)
 
 

@@ -7,12 +7,12 @@ from __future__ import annotations
 import numpy as np
 
 from ..policies import NEVER, Unit, make_policy
-from .prepare import Replay, Replayed
+from .prepare import PreparedTrace, Replayed
 
 FIRST_SEEN, EVICTED, DIVERGED, PARTIAL, SALT, OVER = range(6)  # MISS_REASONS order
 
 
-def next_uses_python(rep: Replay) -> list[int]:
+def next_uses_python(rep: PreparedTrace) -> list[int]:
     """Per inserted block reference: the next request that accesses the block, if that access
     can hit it; NEVER if it cannot (it re-inserts the block for free) or never comes."""
     flat, nxt, seen = rep.flat.tolist(), [NEVER] * len(rep.flat), {}
@@ -25,7 +25,7 @@ def next_uses_python(rep: Replay) -> list[int]:
     return nxt
 
 
-def run_python(rep: Replay, policy: str, cap: int | None, params: dict | None = None, *,
+def run_python(rep: PreparedTrace, policy: str, cap: int | None, params: dict | None = None, *,
                reasons: bool = True) -> Replayed:
     """One replay through the plain-Python definition (``policy="infinite"``: LRU, no capacity).
 
@@ -92,7 +92,7 @@ def run_python(rep: Replay, policy: str, cap: int | None, params: dict | None = 
     return Replayed(hits, *log, table, by) if reasons else Replayed(hits, *log)
 
 
-def replay_python(rep: Replay, policy: str, cap: int | None, params: dict | None = None
+def replay_python(rep: PreparedTrace, policy: str, cap: int | None, params: dict | None = None
                   ) -> tuple[np.ndarray, int]:
     """Hit blocks per request and the eviction count: the plain reference for every kernel.
 

@@ -86,7 +86,7 @@ def mooncake_table1(trace=None, policies=("lru", "lfu", "length_aware")) -> pl.D
 
     Example:
         >>> mooncake_table1().columns
-        ['policy', 'capacity_blocks', 'token_hit_ratio', 'block_hit_ratio', 'paper_hit_ratio', 'belady_token_hit_ratio']
+        ['policy', 'capacity_blocks', 'token_hit_rate', 'block_hit_rate', 'paper_hit_rate', 'belady_token_hit_rate']
     """
     from ..experiments import traces
     from .simulator import sweep
@@ -98,9 +98,9 @@ def mooncake_table1(trace=None, policies=("lru", "lfu", "length_aware")) -> pl.D
         f = sweep(t, policy, [None if c is None else c * t.block_size for c in caps])
         paper = MOONCAKE_TABLE1.get(policy, (None,) * len(caps))
         for c, row, p in zip(caps, f.iter_rows(named=True), paper):
-            rows.append({"policy": policy, "capacity_blocks": c, "token_hit_ratio": row["token_hit_ratio"],
-                         "block_hit_ratio": row["hit_tokens"] / t.block_size / t.blocks,
-                         "paper_hit_ratio": p, "belady_token_hit_ratio": row["belady_token_hit_ratio"]})
+            rows.append({"policy": policy, "capacity_blocks": c, "token_hit_rate": row["token_hit_rate"],
+                         "block_hit_rate": row["hit_tokens"] / t.block_size / t.blocks,
+                         "paper_hit_rate": p, "belady_token_hit_rate": row["belady_token_hit_rate"]})
     return pl.DataFrame(rows, schema={"policy": pl.Utf8, "capacity_blocks": pl.Int64,
-                                      "token_hit_ratio": pl.Float64, "block_hit_ratio": pl.Float64,
-                                      "paper_hit_ratio": pl.Float64, "belady_token_hit_ratio": pl.Float64})
+                                      "token_hit_rate": pl.Float64, "block_hit_rate": pl.Float64,
+                                      "paper_hit_rate": pl.Float64, "belady_token_hit_rate": pl.Float64})

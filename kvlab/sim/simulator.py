@@ -20,7 +20,7 @@ exact) and the Mooncake synthetic trace's unbounded cache ratio (65.0% here, 66%
 
 Example:
     >>> r = kv.simulate(kv.traces.read(), policy="lru", capacity_tokens=None)
-    >>> round(r.summary["token_hit_ratio"], 3)
+    >>> round(r.summary["token_hit_rate"], 3)
     0.65
 """
 
@@ -40,10 +40,10 @@ from ..policies import POLICIES as _TABLE
 from .dispatch import replay_kernel, run_kernel, sweep_kernel
 from .kernels_ceiling import UNBOUNDED, belady_ceiling_kernel
 from .kernels_stack import lru_stack_kernel
-from .prepare import WORKLOAD_BLOCK_SIZE, Replay, Replayed, prepare_replay
+from .prepare import WORKLOAD_BLOCK_SIZE, PreparedTrace, Replayed, prepare_replay
 from .reference import replay_python, run_python
 
-__all__ = ["simulate", "sweep", "SimResult", "POLICIES", "ENGINES", "MISS_REASONS", "Replay",
+__all__ = ["simulate", "sweep", "SimResult", "POLICIES", "ENGINES", "MISS_REASONS", "PreparedTrace",
            "Replayed", "prepare_replay", "replay_python", "replay_kernel", "run_kernel", "sweep_kernel",
            "one_pass", "ONE_PASS", "run_python", "capacity_label", "WORKLOAD_BLOCK_SIZE"]
 
@@ -56,15 +56,15 @@ ONE_PASS = {"lru": lru_stack_kernel, "belady": belady_ceiling_kernel}  # every c
 class SimResult:
     """One replay: ``requests`` (polars, one row a request and pass) and ``summary`` (a dict).
 
-    ``summary`` holds both hit rates, named (pitfall 10 in the README): ``token_hit_ratio`` = hit
-    tokens / prompt tokens (vLLM), ``request_hit_ratio`` = requests with any hit / requests,
+    ``summary`` holds both hit rates, named (pitfall 10 in the README): ``token_hit_rate`` = hit
+    tokens / prompt tokens (vLLM), ``request_hit_rate`` = requests with any hit / requests,
     and ``miss_reasons`` (missed tokens per reason). ``requests`` has a column per reason
     (they sum to ``prompt_tokens - hit_tokens``) and ``evicted_by``: the row whose insertion
     evicted the first evicted block the request missed (null: none).
 
     Example:
         >>> r = kv.simulate(kv.workloads.prefix_repetition(), block_size=16, passes=2)
-        >>> r.by_pass()["token_hit_ratio"].to_list()
+        >>> r.by_pass()["token_hit_rate"].to_list()
         [..., ...]
     """
 
@@ -80,15 +80,15 @@ class SimResult:
         return (self.requests.group_by("pass", maintain_order=True)
                 .agg(pl.len().alias("requests"), pl.col("prompt_tokens").sum(),
                      pl.col("hit_tokens").sum(), pl.col("hit").sum().alias("requests_hit"))
-                .with_columns((pl.col("hit_tokens") / pl.col("prompt_tokens")).alias("token_hit_ratio"),
-                              (pl.col("requests_hit") / pl.col("requests")).alias("request_hit_ratio"))
+                .with_columns((pl.col("hit_tokens") / pl.col("prompt_tokens")).alias("token_hit_rate"),
+                              (pl.col("requests_hit") / pl.col("requests")).alias("request_hit_rate"))
                 .sort("pass"))
 
     def __repr__(self) -> str:
         s = self.summary
         return (f"SimResult({self.policy} capacity={capacity_label(self.capacity_tokens)} "
-                f"block_size={self.block_size}: token hit {s['token_hit_ratio']:.1%}, request hit "
-                f"{s['request_hit_ratio']:.1%}, {s['requests']} requests)")
+                f"block_size={self.block_size}: token hit {s['token_hit_rate']:.1%}, request hit "
+                f"{s['request_hit_rate']:.1%}, {s['requests']} requests)")
 
     def _repr_html_(self) -> str:
         s = self.summary
@@ -135,8 +135,8 @@ def sweep(source, policy: str = "lru", capacities: Sequence = (), block_size: in
           policy_params: dict | None = None, reasons: bool = False) -> pl.DataFrame:
     """Hit ratios for many capacities at once: one row per capacity, in the order given.
 
-    Every sweep also reports the ceiling: ``belady_hit_tokens`` / ``belady_token_hit_ratio``
-    (the offline optimum at that capacity) and ``gap_to_belady`` (its token hit ratio minus
+    Every sweep also reports the ceiling: ``belady_hit_tokens`` / ``belady_token_hit_rate``
+    (the offline optimum at that capacity) and ``gap_to_belady`` (its token hit rate minus
     the policy's). ``reasons=True`` adds the missed tokens per reason (one column each).
     LRU uses one pass of Mattson's stack-distance algorithm for all capacities, and belady (the
     ceiling included) one pass of its own (kvlab.sim.kernels_ceiling); other policies (and
@@ -147,7 +147,7 @@ def sweep(source, policy: str = "lru", capacities: Sequence = (), block_size: in
 
     Example:
         >>> kv.sweep(kv.traces.read(), "lru", [2**20, 2**24, None]).columns[:3]
-        ['capacity_tokens', 'token_hit_ratio', 'request_hit_ratio']
+        ['capacity_tokens', 'token_hit_rate', 'request_hit_rate']
     """
     _check_choice("policy", policy, POLICIES)
     _check_choice("engine", engine, ENGINES)
@@ -182,14 +182,14 @@ def sweep(source, policy: str = "lru", capacities: Sequence = (), block_size: in
     best = ceiling.sum(axis=0) * bs
     ratio = [float(h) / prompt if prompt else 0.0 for h in hit_tokens]
     best_ratio = [float(h) / prompt if prompt else 0.0 for h in best]
-    cols = {"capacity_tokens": tokens, "token_hit_ratio": ratio,
-            "request_hit_ratio": [float(x) / n if n else 0.0 for x in (hit_blocks > 0).sum(axis=0)],
+    cols = {"capacity_tokens": tokens, "token_hit_rate": ratio,
+            "request_hit_rate": [float(x) / n if n else 0.0 for x in (hit_blocks > 0).sum(axis=0)],
             "hit_tokens": [int(h) for h in hit_tokens], "prompt_tokens": [prompt] * len(caps),
-            "belady_hit_tokens": [int(h) for h in best], "belady_token_hit_ratio": best_ratio,
+            "belady_hit_tokens": [int(h) for h in best], "belady_token_hit_rate": best_ratio,
             "gap_to_belady": [b - a for a, b in zip(ratio, best_ratio)]}
-    schema = {"capacity_tokens": pl.Int64, "token_hit_ratio": pl.Float64, "request_hit_ratio": pl.Float64,
+    schema = {"capacity_tokens": pl.Int64, "token_hit_rate": pl.Float64, "request_hit_rate": pl.Float64,
               "hit_tokens": pl.Int64, "prompt_tokens": pl.Int64, "belady_hit_tokens": pl.Int64,
-              "belady_token_hit_ratio": pl.Float64, "gap_to_belady": pl.Float64}
+              "belady_token_hit_rate": pl.Float64, "gap_to_belady": pl.Float64}
     for i, name in enumerate(MISS_REASONS if why is not None else ()):
         cols[name] = [int(w[i]) for w in why]
         schema[name] = pl.Int64
@@ -200,7 +200,7 @@ def sweep(source, policy: str = "lru", capacities: Sequence = (), block_size: in
 # helpers
 
 
-def one_pass(rep: Replay, policy: str, caps) -> np.ndarray:
+def one_pass(rep: PreparedTrace, policy: str, caps) -> np.ndarray:
     """Hit blocks per request (rows) of ``policy`` (one of ``ONE_PASS``: lru, belady) at every
     capacity in ``caps`` (blocks, None: unbounded; columns, in the order given), in one pass.
 
@@ -260,7 +260,7 @@ def _blocks_of(capacity_tokens: int | None, block_size: int) -> int | None:
     return None if capacity_tokens is None else capacity_tokens // block_size
 
 
-def _result(rep: Replay, policy, capacity_tokens, out: Replayed) -> SimResult:
+def _result(rep: PreparedTrace, policy, capacity_tokens, out: Replayed) -> SimResult:
     hit_blocks = np.asarray(out.hits, dtype=np.int64)
     cols = {"request": rep.request, "pass": rep.pass_no, "prompt_tokens": rep.tokens,
             "hit_blocks": hit_blocks, "hit_tokens": hit_blocks * rep.block_size, "hit": hit_blocks > 0}
@@ -275,8 +275,8 @@ def _result(rep: Replay, policy, capacity_tokens, out: Replayed) -> SimResult:
         "policy": policy, "capacity_tokens": capacity_tokens, "block_size": rep.block_size,
         "requests": n, "passes": int(rep.pass_no.max()) if n else 0,
         "prompt_tokens": prompt, "hit_tokens": hit_tokens, "hit_blocks": int(hit_blocks.sum()),
-        "token_hit_ratio": hit_tokens / prompt if prompt else 0.0,
-        "request_hit_ratio": int((hit_blocks > 0).sum()) / n if n else 0.0,
+        "token_hit_rate": hit_tokens / prompt if prompt else 0.0,
+        "request_hit_rate": int((hit_blocks > 0).sum()) / n if n else 0.0,
         "evictions": int(out.evictions),
         "miss_reasons": {name: int(out.reasons[:, i].sum()) for i, name in enumerate(MISS_REASONS)},
     }
@@ -297,3 +297,12 @@ def _fmt(v) -> str:
     if isinstance(v, dict):
         return ", ".join(f"{k} {n:,}" for k, n in v.items() if n)
     return f"{v:.4f}" if isinstance(v, float) else ("unbounded" if v is None else str(v))
+
+
+def __getattr__(name):
+    if name == "Replay":  # renamed: kv.replay's Replay is a replay's outcome, this is its input
+        import warnings
+
+        warnings.warn("kvlab.sim.simulator.Replay is deprecated: use PreparedTrace", FutureWarning, stacklevel=2)
+        return PreparedTrace
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

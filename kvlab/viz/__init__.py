@@ -1,7 +1,7 @@
 """kvlab.viz: plotly figures (data in, Figure out) and the ipywidgets Inspector.
 
 One module per figure family: ``tree`` (prefix_tree), ``memory`` (memory_over_time),
-``prompt_diff`` (divergence), ``blocks`` (block_grid), ``curves`` (hit_ratio_curves), ``misses``
+``prompt_diff`` (divergence), ``blocks`` (block_grid), ``curves`` (hit_rate_curves), ``misses``
 (miss_reasons: why tokens missed, from kv.simulate or an Engine); the Inspector app in
 ``inspector`` (with its panels in ``panels``). Needs the notebook extras
 (``pip install "kvlab[notebooks]"``); ``import kvlab`` alone never imports plotly.
@@ -21,12 +21,12 @@ from .extras import require
 require("plotly.graph_objects")
 
 from .blocks import block_grid  # noqa: E402
-from .curves import hit_ratio_curves  # noqa: E402
+from .curves import hit_rate_curves, hit_ratio_curves  # noqa: E402
 from .memory import memory_over_time  # noqa: E402
 from .prompt_diff import divergence  # noqa: E402
 from .tree import prefix_tree  # noqa: E402
 
-__all__ = ["prefix_tree", "memory_over_time", "divergence", "block_grid", "hit_ratio_curves",
+__all__ = ["prefix_tree", "memory_over_time", "divergence", "block_grid", "hit_rate_curves", "hit_ratio_curves",
            "miss_reasons", "Inspector", "VizError", "MissingExtraError", "require"]
 
 

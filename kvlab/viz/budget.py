@@ -69,7 +69,7 @@ class BudgetReplay:
         return self._memo[key]
 
     def curve(self, mode: str, floor_bytes: float, ceiling_bytes: float = 0) -> pl.DataFrame | None:
-        """Both hit ratios at CURVE_POINTS log-spaced budgets, from below the smallest prompt (or
+        """Both hit rates at CURVE_POINTS log-spaced budgets, from below the smallest prompt (or
         ``floor_bytes``) to past everything (or ``ceiling_bytes``): the whole story in one line."""
         bpt = self.bytes_per_token()
         prompts = [r.prompt_ids for r in self.engine.results]
@@ -83,8 +83,7 @@ class BudgetReplay:
             budgets = [lo * (hi / lo) ** (k / last) for k in range(CURVE_POINTS)]
             rows = [{"budget_mib": b / 2**20, **{k: v for k, v in self.rates(b, mode).items()
                                                  if k.endswith("rate")}} for b in budgets]
-            self._curves = {key: pl.DataFrame(rows).rename({"token_hit_rate": "token_hit_ratio",
-                                                            "request_hit_rate": "request_hit_ratio"})}
+            self._curves = {key: pl.DataFrame(rows)}
         return self._curves[key]
 
     def __repr__(self) -> str:

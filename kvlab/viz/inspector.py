@@ -29,7 +29,7 @@ from ..primitives.units import fmt_bytes
 from ..stores.base import Capabilities
 from .blocks import block_grid
 from .budget import BudgetReplay
-from .curves import hit_ratio_curves
+from .curves import hit_rate_curves
 from .extras import require
 from .memory import memory_over_time
 from .panels import misses_figure, sync, table_html, table_rows
@@ -212,7 +212,7 @@ class Inspector:
         if sim is None or curve is None:
             self._show("budget", go.Figure(layout=dict(title="budget replay: no data yet", height=200)))
             return
-        fig = hit_ratio_curves({self.mode.label: curve}, "both", x="budget_mib",
+        fig = hit_rate_curves({self.mode.label: curve}, "both", x="budget_mib",
                                title="re-simulated hit rate against budget")
         fig.add_trace(go.Scatter(x=[budget / MiB], y=[sim["token_hit_rate"]], mode="markers",
                                  name="slider", marker=dict(size=12, color="#d62728", symbol="circle")))

@@ -36,12 +36,12 @@ def test_10_policies(tmp_path):
         f = wide(df, experiment)
         assert set(f["policy"]) == set(POLICIES)
         # no policy beats the optimum; the ceiling is one number per capacity
-        assert (f["token_hit_ratio"] <= f["belady_token_hit_ratio"] + 1e-12).all(), experiment
+        assert (f["token_hit_rate"] <= f["belady_token_hit_rate"] + 1e-12).all(), experiment
         assert (f["gap_to_belady"] >= -1e-12).all()
         best = f.filter(pl.col("policy") == "belady")
-        assert best["token_hit_ratio"].to_list() == best["belady_token_hit_ratio"].to_list()
-        assert f.group_by("capacity_tokens").agg(pl.col("belady_token_hit_ratio").n_unique())[
-            "belady_token_hit_ratio"].to_list() == [1] * best.height
+        assert best["token_hit_rate"].to_list() == best["belady_token_hit_rate"].to_list()
+        assert f.group_by("capacity_tokens").agg(pl.col("belady_token_hit_rate").n_unique())[
+            "belady_token_hit_rate"].to_list() == [1] * best.height
     trace = wide(df, "trace_sweep")
     top = trace["capacity_tokens"].max()
     assert trace.filter(pl.col("capacity_tokens") == top)["gap_to_belady"].abs().max() < 1e-12  # all fit
@@ -66,16 +66,16 @@ def test_10_policies(tmp_path):
     t1 = wide(df, "mooncake_table1")
     for policy in ("lru", "lfu", "length_aware"):
         paper = t1.filter(pl.col("policy") == policy).sort("capacity_tokens", nulls_last=True)
-        assert paper["paper_hit_ratio"].to_list() == list(MOONCAKE_TABLE1[policy])
+        assert paper["paper_hit_rate"].to_list() == list(MOONCAKE_TABLE1[policy])
     for blocks in (1_000, 10_000):
         at = t1.filter(pl.col("capacity_tokens") == blocks * 512)
-        r_ = dict(zip(at["policy"], at["token_hit_ratio"]))
+        r_ = dict(zip(at["policy"], at["token_hit_rate"]))
         assert r_["lru"] > r_["lfu"] > r_["length_aware"]
 
     mem = wide(df, "store_memory")
     unbounded = mem.filter(pl.col("capacity_tokens").is_null())
     ratio = {(r["source"], r["policy"]): r["bytes_vs_lower_bound"] for r in unbounded.iter_rows(named=True)}
-    hit = {(r["source"], r["policy"]): r["token_hit_ratio"] for r in unbounded.iter_rows(named=True)}
+    hit = {(r["source"], r["policy"]): r["token_hit_rate"] for r in unbounded.iter_rows(named=True)}
     for source in ("prefix_repetition", "seed 004"):
         assert ratio[source, "shared-radix"] <= 1.05  # the target: each distinct token stored ~once
         assert ratio[source, "paged"] <= 1.10
@@ -96,7 +96,7 @@ def test_10_policies(tmp_path):
     assert shared["capacity_tokens"].to_list() == [1024, 2048, 4096, 8192]
     assert (radix["evictions"] > 0).all() and (shared["evictions"] > 0).all()
     # the shared tree keeps prefixes RadixStore dropped with their entries: it reuses more
-    assert (shared["token_hit_ratio"] >= radix["token_hit_ratio"]).all()
+    assert (shared["token_hit_rate"] >= radix["token_hit_rate"]).all()
     assert shared["requests_reusing_more"].sum() > 0
     text = finding(nb)
     assert "In LMCache's scan, ARC kept 1024 of the 1024 hot tokens and LRU 0." in text

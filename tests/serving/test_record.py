@@ -1,5 +1,5 @@
 """--record: one whole JSON line per finished request; kv.traces.read reads it, kv.simulate
-replays it to the hit ratio the server measured (up to block rounding), kv.Engine replays it, and
+replays it to the hit rate the server measured (up to block rounding), kv.Engine replays it, and
 SIGTERM loses no finished request."""
 
 import json
@@ -32,7 +32,7 @@ def _run(server, system_prompt):
 
 
 @pytest.mark.parametrize("store", ["radix", "paged"])
-def test_recording_replays_to_the_measured_hit_ratio(start, tmp_path, system_prompt, tiny, store):
+def test_recording_replays_to_the_measured_hit_rate(start, tmp_path, system_prompt, tiny, store):
     path = tmp_path / "runs" / f"{store}.jsonl"
     server = start(store, record=path, record_text=True, block_size=16)
     _run(server, system_prompt)
@@ -68,7 +68,7 @@ def test_recording_replays_to_the_measured_hit_ratio(start, tmp_path, system_pro
         assert reused == expected
     assert sim.requests["hit_tokens"].to_list() == expected
     measured = sum(reused) / sum(r["input_length"] for r in recs)
-    assert measured - sim.summary["token_hit_ratio"] < 16 * sum(n > 0 for n in reused) / sum(
+    assert measured - sim.summary["token_hit_rate"] < 16 * sum(n > 0 for n in reused) / sum(
         r["input_length"] for r in recs) + 1e-12
     n = recs[-1]["input_length"]  # the repeated question: all but the last token (paged: in blocks)
     assert reused[-1] == (16 * ((n - 1) // 16) if store == "paged" else n - 1)

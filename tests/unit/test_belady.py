@@ -128,11 +128,11 @@ def test_sweep_reports_the_ceiling_and_belady_equals_it():
     caps = [512 * c for c in (10, 100, 1000)] + [None]
     lru = kv.sweep(t, "lru", caps)
     best = kv.sweep(t, "belady", caps)
-    assert lru.columns[:5] == ["capacity_tokens", "token_hit_ratio", "request_hit_ratio", "hit_tokens",
+    assert lru.columns[:5] == ["capacity_tokens", "token_hit_rate", "request_hit_rate", "hit_tokens",
                                "prompt_tokens"]
     assert lru["belady_hit_tokens"].to_list() == best["hit_tokens"].to_list() == best["belady_hit_tokens"].to_list()
     assert lru["gap_to_belady"].to_list() == pytest.approx(
-        (lru["belady_token_hit_ratio"] - lru["token_hit_ratio"]).to_list())
+        (lru["belady_token_hit_rate"] - lru["token_hit_rate"]).to_list())
     assert lru["hit_tokens"][-1] == best["hit_tokens"][-1]  # unbounded: nothing to choose
     assert (lru["gap_to_belady"][:3] > 0).all()
 

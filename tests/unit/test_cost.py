@@ -72,7 +72,7 @@ def test_annotate_adds_the_formulas_seconds_per_request_and_in_total():
     assert s["est_ttft_saved_s"] == pytest.approx((cold - est).sum())
     assert s["est_saved_ratio"] == pytest.approx((cold - est).sum() / (3 * cold))
     assert s["est_extrapolated"] == 0.0 and annotate(r, model(64)).summary["est_extrapolated"] == 1.0
-    assert s["token_hit_ratio"] == r.summary["token_hit_ratio"]  # the replay itself is untouched
+    assert s["token_hit_rate"] == r.summary["token_hit_rate"]  # the replay itself is untouched
     # kv.simulate(cost=...) is the same thing
     via = kv.simulate(prompts, capacity_tokens=None, block_size=16, cost=model())
     assert via.requests.equals(f) and via.summary == s
@@ -86,8 +86,8 @@ def test_sweep_seconds_more_capacity_saves_more():
     saved = frame["est_ttft_saved_s"].to_list()
     assert saved[0] == 0.0 and saved == sorted(saved) and saved[-1] > saved[1]
     assert (frame["est_cold_prefill_s"] - frame["est_prefill_s"] - frame["est_ttft_saved_s"]).abs().max() < 1e-12
-    ratios = kv.sweep(wl, "lru", caps, block_size=16)["token_hit_ratio"].to_list()
-    assert frame["token_hit_ratio"].to_list() == ratios
+    ratios = kv.sweep(wl, "lru", caps, block_size=16)["token_hit_rate"].to_list()
+    assert frame["token_hit_rate"].to_list() == ratios
 
 
 def test_cost_model_reads_back_and_refuses_too_few_points():

@@ -250,36 +250,36 @@ def test_block_grid_hit_miss_evicted():
         viz.block_grid(frame, block_size=0)
 
 
-# ---------------------------------------------------------------------------- hit ratio curves
+# ---------------------------------------------------------------------------- hit rate curves
 
 def sweep_frame(scale: float) -> pl.DataFrame:
     return pl.DataFrame({"capacity_tokens": [16, 256, 4096],
-                         "token_hit_ratio": [0.1 * scale, 0.4 * scale, 0.6 * scale],
-                         "request_hit_ratio": [0.2, 0.5, 0.9]})
+                         "token_hit_rate": [0.1 * scale, 0.4 * scale, 0.6 * scale],
+                         "request_hit_rate": [0.2, 0.5, 0.9]})
 
 
-def test_hit_ratio_curves_one_trace_per_policy():
-    fig = viz.hit_ratio_curves({"lru": sweep_frame(1), "fifo": sweep_frame(0.5)})
+def test_hit_rate_curves_one_trace_per_policy():
+    fig = viz.hit_rate_curves({"lru": sweep_frame(1), "fifo": sweep_frame(0.5)})
     assert [t.name for t in fig.data] == ["lru", "fifo"]
     assert all(list(t.x) == [16, 256, 4096] for t in fig.data)
     assert list(fig.data[1].y) == pytest.approx([0.05, 0.2, 0.3])
     assert fig.layout.xaxis.type == "log"
 
 
-def test_hit_ratio_curves_from_a_policy_column_and_both_metrics():
+def test_hit_rate_curves_from_a_policy_column_and_both_metrics():
     frame = pl.concat([sweep_frame(1).with_columns(policy=pl.lit("lru")),
                        sweep_frame(0.5).with_columns(policy=pl.lit("lfu"))])
-    fig = viz.hit_ratio_curves(frame, "both")
+    fig = viz.hit_rate_curves(frame, "both")
     assert [t.name for t in fig.data] == ["lru · token", "lru · request", "lfu · token", "lfu · request"]
     assert fig.data[1].line.dash == "dash" and list(fig.data[3].y) == [0.2, 0.5, 0.9]
     with pytest.raises(VizError, match="policy"):
-        viz.hit_ratio_curves(sweep_frame(1))
+        viz.hit_rate_curves(sweep_frame(1))
 
 
-def test_hit_ratio_curves_with_a_real_sweep():
+def test_hit_rate_curves_with_a_real_sweep():
     seqs = [[1] * 40, [1] * 36, [2] * 20, [1] * 40]
     caps = [16, 32, 64, 128]
-    fig = viz.hit_ratio_curves({p: kv.sweep(seqs, p, caps, block_size=16) for p in ("lru", "fifo")})
+    fig = viz.hit_rate_curves({p: kv.sweep(seqs, p, caps, block_size=16) for p in ("lru", "fifo")})
     assert len(fig.data) == 2 and list(fig.data[0].x) == caps
     assert fig.data[0].y[-1] == pytest.approx((32 + 32) / 136)
 

@@ -34,8 +34,8 @@ def test_multi_round_qa_reuses_r_over_r_plus_one():
 def test_mooncake_table1_shape_on_the_public_trace():
     f = mooncake_table1()
     assert f.height == 18
-    assert f.filter(pl.col("policy") == "lru")["paper_hit_ratio"].to_list() == list(MOONCAKE_TABLE1["lru"])
-    wide = f.pivot(on="policy", index="capacity_blocks", values="token_hit_ratio")
+    assert f.filter(pl.col("policy") == "lru")["paper_hit_rate"].to_list() == list(MOONCAKE_TABLE1["lru"])
+    wide = f.pivot(on="policy", index="capacity_blocks", values="token_hit_rate")
     for policy in ("lru", "lfu", "length_aware"):
         assert wide[policy].is_sorted()  # more capacity never hurts these, as in the paper
     # the synthetic trace has 43,924 distinct blocks: from 50k blocks on, every policy is unbounded
@@ -48,4 +48,4 @@ def test_mooncake_table1_shape_on_the_public_trace():
         assert r["lru"] > r["lfu"] > r["length_aware"], c
     # and the optimum shows how much all three leave on the table at 1k blocks
     small = f.filter(pl.col("capacity_blocks") == 1_000)
-    assert (small["belady_token_hit_ratio"] > 3 * small["token_hit_ratio"]).all()
+    assert (small["belady_token_hit_rate"] > 3 * small["token_hit_rate"]).all()

@@ -94,8 +94,8 @@ def test_capacity_is_whole_blocks(engine):
 def test_summary_names_both_hit_rates():
     r = kv.simulate(trace([(9, [0, 1, 2]), (9, [0, 1, 3]), (9, [5, 6, 7])]))
     s = r.summary
-    assert s["token_hit_ratio"] == pytest.approx(8 / 27)
-    assert s["request_hit_ratio"] == pytest.approx(1 / 3)
+    assert s["token_hit_rate"] == pytest.approx(8 / 27)
+    assert s["request_hit_rate"] == pytest.approx(1 / 3)
     assert {"hit_tokens", "prompt_tokens", "requests", "evictions", "hit_blocks"} <= set(s)
     assert r.requests.columns == ["request", "pass", "prompt_tokens", "hit_blocks", "hit_tokens", "hit",
                                   *MISS_REASONS, "evicted_by"]
@@ -125,7 +125,7 @@ def test_seed004_prefix_repetition_cold_and_warm_pass():
     p = r.by_pass()
     assert p["prompt_tokens"].to_list() == [32000, 32000]
     assert p["hit_tokens"].to_list() == [49 * 512, 50 * 39 * 16] == [25088, 31200]
-    assert [round(x, 3) for x in p["token_hit_ratio"].to_list()] == [0.784, 0.975]
+    assert [round(x, 3) for x in p["token_hit_rate"].to_list()] == [0.784, 0.975]
 
 
 def test_seed004_through_the_cli(capsys):
@@ -143,7 +143,7 @@ def test_cli_text_output_and_sweep(tmp_path, capsys):
     base = ["simulate", str(path), "--block-size", "8"]
     assert main(base + ["--policy", "fifo", "--capacity-tokens", "16"]) == 0
     out = capsys.readouterr().out
-    assert "token_hit_ratio" in out and "(16/110 tokens)" in out
+    assert "token_hit_rate" in out and "(16/110 tokens)" in out
     assert main(base + ["--sweep", "0,16,inf", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)["sweep"]
     assert [r["capacity_tokens"] for r in rows] == [0, 16, None]
@@ -165,7 +165,7 @@ def test_mooncake_synthetic_trace_unbounded_cache_ratio():
     s = r.summary
     assert (s["requests"], s["prompt_tokens"], s["hit_tokens"], s["hit_blocks"]) == (
         3993, 61_194_628, 39_802_880, 77_740)
-    assert round(s["request_hit_ratio"] * s["requests"]) == 1761
+    assert round(s["request_hit_rate"] * s["requests"]) == 1761
     assert s["hit_tokens"] == s["hit_blocks"] * 512
     assert kv.simulate(path, "lru").summary["hit_tokens"] == r.summary["hit_tokens"]
 
@@ -183,7 +183,7 @@ def test_lru_sweep_equals_per_capacity_plain_replay(t, caps_blocks):
         ref, _ = replay_python(rep, "lru", None if c is None else c // t.block_size)
         assert row["capacity_tokens"] == c
         assert row["hit_tokens"] == int(ref.sum()) * t.block_size
-        assert row["request_hit_ratio"] == pytest.approx(float((ref > 0).mean()))
+        assert row["request_hit_rate"] == pytest.approx(float((ref > 0).mean()))
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -221,7 +221,7 @@ def test_lru_hits_never_fall_as_capacity_grows(t):
 def test_sweep_keeps_the_given_order_and_matches_simulate():
     t = trace([(13, [0, 1, 2, 3]), (13, [0, 1, 2, 4]), (9, [0, 1, 5]), (13, [0, 1, 2, 6])])
     frame = kv.sweep(t, "lru", [None, 4, 12, 0, "inf"])
-    assert frame.columns[:3] == ["capacity_tokens", "token_hit_ratio", "request_hit_ratio"]
+    assert frame.columns[:3] == ["capacity_tokens", "token_hit_rate", "request_hit_rate"]
     assert frame["capacity_tokens"].to_list() == [None, 4, 12, 0, None]
     want = [kv.simulate(t, "lru", c).summary["hit_tokens"] for c in [None, 4, 12, 0, None]]
     assert frame["hit_tokens"].to_list() == want == [32, 12, 32, 0, 32]
