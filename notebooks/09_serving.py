@@ -59,17 +59,6 @@ results_path = "results.parquet"
 m = kv.load(model)
 WORKLOADS = ["shared_system_prompt", "multi_turn"]
 
-
-def row(result, **extra):
-    """A load run's summary as one results row (definitions: `kvlab.serving.metrics`)."""
-    s = result.summary
-    return {**extra, **{k: s[k] for k in (
-        "completed", "failed", "duration_s", "total_input_tokens", "total_output_tokens",
-        "request_throughput", "output_throughput", "ttft_ms_mean", "ttft_ms_p50", "ttft_ms_p90",
-        "ttft_ms_p99", "tpot_ms_p50", "tpot_ms_p99", "itl_ms_p50", "e2el_ms_p50", "e2el_ms_p99",
-        "reused_tokens", "token_hit_rate", "request_hit_rate", "prompt_token_mismatches")}}
-
-
 m
 
 # %% [markdown]
@@ -88,7 +77,7 @@ for store in stores:
             r = kv.generate_load(server.url, wl, concurrency=concurrency, num_requests=requests,
                              max_tokens=max_tokens, progress=False)
             store_frames[(store, wl)] = r.frame
-            store_rows.append(row(r, section="stores", server="kvlab serve", store=store, workload=wl,
+            store_rows.append(r.row(section="stores", server="kvlab serve", store=store, workload=wl,
                                   concurrency=concurrency))
         s = server.stats()
         for x in store_rows[-len(WORKLOADS):]:
@@ -276,7 +265,7 @@ print(f"text-only under load: {vlm_text.summary['completed']}/{vlm_text.frame.he
 # %%
 results = pl.concat(
     [store_table, audit_table.drop("fit") if audits else pl.DataFrame(),
-     pl.DataFrame([row(chat, section="seed001", server="kvlab serve", store="radix", concurrency=users)]),
+     pl.DataFrame([chat.row(section="seed001", server="kvlab serve", store="radix", concurrency=users)]),
      pl.DataFrame([{"section": "seed001_turns", "turn": t, "reuse": r, "ttft_ms_p50": x}
                    for t, r, x in per_turn.select("turn", "reuse", "ttft_ms_p50").iter_rows()]),
      pl.DataFrame([{"section": "correctness", "compared": compared.height, "identical": int(compared["equal"].sum()),

@@ -54,17 +54,6 @@ m = kv.load(model)
 SEED_004 = {"ttft_mean": 8667.88 / 6071.39, "throughput": 288.88 / 210.59}  # published: 1.43x, 1.37x
 SERVER_CONCURRENCY, SERVER_REQUESTS = 4, 12  # section 3: every server under the same load
 
-
-def row(result, **extra):
-    """A load run's summary as one results row."""
-    s = result.summary
-    return {**extra, **{k: s[k] for k in (
-        "completed", "failed", "duration_s", "total_input_tokens", "total_output_tokens",
-        "request_throughput", "output_throughput", "ttft_ms_mean", "ttft_ms_p50", "ttft_ms_p90",
-        "ttft_ms_p99", "tpot_ms_p50", "tpot_ms_p99", "itl_ms_p50", "e2el_ms_p50", "e2el_ms_p99",
-        "reused_tokens", "token_hit_rate", "request_hit_rate", "prompt_token_mismatches")}}
-
-
 m
 
 # %% [markdown]
@@ -105,7 +94,7 @@ for cache, store in (("off", "none"), ("on", "paged")):
                 r = kv.generate_load(server.url, "prefix_repetition", tokenizer=m, concurrency=c,
                                  num_requests=num_prompts, prefix_len=prefix_len, suffix_len=suffix_len,
                                  output_len=output_len, num_prefixes=1, seed=100 * rep + c, progress=False)
-                seed004.append(row(r, section="seed004", server="kvlab serve", store=store, cache=cache,
+                seed004.append(r.row(section="seed004", server="kvlab serve", store=store, cache=cache,
                                    concurrency=c, repeat=rep))
                 frames[cache, c] = r.frame
 seed004 = pl.DataFrame(seed004)
@@ -189,7 +178,7 @@ for name in servers:
                          num_requests=SERVER_REQUESTS, prefix_len=prefix_len, suffix_len=suffix_len,
                          output_len=output_len, num_prefixes=1, seed=77, progress=False)
     saved = r.server_delta().get("/v1/cache/stats:engine_cache.tokens_saved")
-    server_rows.append(row(r, section="peers", server=name, concurrency=SERVER_CONCURRENCY,
+    server_rows.append(r.row(section="peers", server=name, concurrency=SERVER_CONCURRENCY,
                            server_reported_saved=saved))
 peer_table = pl.DataFrame(server_rows) if server_rows else pl.DataFrame()
 peer_table.select("server", "completed", "ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50", "e2el_ms_p50",

@@ -39,6 +39,13 @@ from .sessions import CHAT_SESSIONS, Session, sessions_for
 DURATION_USERS = 256  # sessions made for a duration-capped run when neither users nor a count is given
 
 
+# a load run's headline figures, the columns of LoadResult.row()
+ROW_FIELDS = ("completed", "failed", "duration_s", "total_input_tokens", "total_output_tokens",
+              "request_throughput", "output_throughput", "ttft_ms_mean", "ttft_ms_p50", "ttft_ms_p90",
+              "ttft_ms_p99", "tpot_ms_p50", "tpot_ms_p99", "itl_ms_p50", "e2el_ms_p50", "e2el_ms_p99",
+              "reused_tokens", "token_hit_rate", "request_hit_rate", "prompt_token_mismatches")
+
+
 @dataclass(frozen=True, eq=False)
 class LoadResult:
     """One load run: ``frame`` has one row a request; ``summary`` the vLLM-style statistics.
@@ -58,6 +65,12 @@ class LoadResult:
     @property
     def summary(self) -> dict:
         return {"label": self.settings.get("label"), **summarise(self.frame, self.duration_s)}
+
+    def row(self, **extra) -> dict:
+        """The run's headline figures as one results row, ``extra`` columns first (definitions:
+        ``kvlab.serving.metrics``). Example: ``rows.append(r.row(server="kvlab serve"))``."""
+        s = self.summary
+        return {**extra, **{k: s[k] for k in ROW_FIELDS}}
 
     def summary_frame(self) -> pl.DataFrame:
         """The summary as a one-row frame (concatenate runs with ``pl.concat``)."""

@@ -66,6 +66,14 @@ def test_summary_counts_only_successful_requests_and_names_both_hit_rates():
     assert s["prompt_token_mismatches"] == 0
 
 
+def test_a_load_run_as_one_results_row():
+    r = loadgen.LoadResult(metrics.frame_of(_rows()), 2.0, {"label": "x"})
+    row = r.row(section="s", concurrency=4)
+    assert list(row)[:2] == ["section", "concurrency"] and list(row)[2:] == list(loadgen.ROW_FIELDS)
+    assert (row["completed"], row["reused_tokens"]) == (4, 1024)
+    assert row["token_hit_rate"] == pytest.approx(1024 / 1800) == r.summary["token_hit_rate"]
+
+
 def test_compare_outputs_reports_first_difference_and_gap():
     def frame(ids_list, gaps_list):
         return metrics.frame_of([{"request": i, "session": i, "turn": 0, "ok": True, "name": f"r{i}",
