@@ -113,13 +113,13 @@ inspector
 
 # %% [markdown]
 # ## 7 · The same from magics
-# `%kvlab?` shows every command. `%kvlab loadgen m` adopts the model loaded above.
+# `%kvlab?` shows every command. `%kvlab load m` adopts the model loaded above.
 
 # %%
 # %load_ext kvlab
 
 # %%
-# %kvlab loadgen m
+# %kvlab load m
 
 # %%
 # %kvlab run multi_turn --turns 2 --max-tokens {max_tokens}

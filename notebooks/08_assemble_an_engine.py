@@ -140,7 +140,7 @@ class Watch:
 
 
 watch = Watch(m.module)
-engine = kv.Engine(dataclasses.replace(m, model=watch), kv.PagedStore(block_size=block_size), max_tokens=1)
+engine = kv.Engine(dataclasses.replace(m, module=watch), kv.PagedStore(block_size=block_size), max_tokens=1)
 by_engine = []
 for r in requests:
     result = engine.run(r, 1)

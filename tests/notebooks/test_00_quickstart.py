@@ -23,7 +23,7 @@ def test_00_quickstart(tmp_path):
     assert r["second_prefilled_tokens"] * 10 < r["cold_prefilled_tokens"]
     assert r["ttft_speedup"] == pytest.approx(r["ttft_cold_ms"] / r["ttft_second_ms"])  # measured, not typed
     # the magics print readable text in papermill
-    assert "kvlab: loaded Model('tiny'" in outputs(nb, "%kvlab loadgen m")
+    assert "kvlab: loaded Model('tiny'" in outputs(nb, "%kvlab load m")
     assert "kvlab run multi_turn on Engine(tiny" in outputs(nb, "%kvlab run multi_turn")
     assert "kvlab chat: 2 messages, 1 requests" in outputs(nb, "%%kvlab chat")
     stats = outputs(nb, "%kvlab stats")
