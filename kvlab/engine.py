@@ -36,6 +36,20 @@ EVENT_SCHEMA = {"request": pl.Int64, "event": pl.Utf8, "tokens": pl.Int64, "byte
                 "entry": pl.Utf8, "t": pl.Float64, "detail": pl.Utf8}
 
 
+class _Counted:
+    """A net that counts the tokens it runs."""
+
+    def __init__(self, net):
+        self.net, self.ran = net, 0
+
+    def __call__(self, ids, *args, **kwargs):
+        self.ran += ids.shape[-1]
+        return self.net(ids, *args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.net, name)
+
+
 def _greedy(logprobs):
     return mx.argmax(logprobs, axis=-1)
 
@@ -145,13 +159,13 @@ class Engine:
         prompt_snap = snapshot(cache, tokens=ids, model=self.model) if self.store is not None else None
 
         t = time.perf_counter()
-        out = self._decode(first, cache, max_tokens)
+        out, ran = self._decode(first, cache, max_tokens)
         decode_s = time.perf_counter() - t
 
         seq, inserted, snap = ids, key, prompt_snap
         if self.keying == "prompt+output" and self.store is not None:
-            snap = snapshot(cache, model=self.model)
-            seq = (ids + tuple(out))[:snap.offset]
+            seq = (ids + tuple(out))[:len(ids) + ran]
+            snap = snapshot(cache, tokens=seq, model=self.model)
             inserted = CacheKey(seq, key.extra_keys, key.salt)
         if self.store is not None:
             # stores refresh (not replace) an entry they already hold for the same tokens
@@ -209,18 +223,21 @@ class Engine:
         """(last-position logits, cache) after running ids into cache."""
         return prefill(self._net, ids, make_cache(self.model) if cache is None else cache, **self._kv)
 
-    def _decode(self, first: int, cache, max_tokens: int) -> list[int]:
+    def _decode(self, first: int, cache, max_tokens: int) -> tuple[list[int], int]:
+        """Greedy tokens from ``first`` on, and how many of them the cache has run (mlx-lm's
+        generate_step runs one token ahead; a recurrent cache cannot say so itself)."""
         out = [first]
         eos = set(self.model.tokenizer.eos_token_ids)
         if max_tokens <= 1 or first in eos:
-            return out[:max_tokens]
-        for token, _ in generate_step(mx.array([first]), self._net,
+            return out[:max_tokens], 0
+        net = _Counted(self._net)
+        for token, _ in generate_step(mx.array([first]), net,
                                       max_tokens=max_tokens - 1, sampler=_greedy, prompt_cache=cache,
                                       **self._kv):
             out.append(int(token))
             if token in eos:
                 break
-        return out
+        return out, net.ran
 
     def _verify(self, ids, logits) -> float:
         cold, _ = self._forward(ids, None)

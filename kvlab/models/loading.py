@@ -34,6 +34,7 @@ from ..primitives.display import table_html  # noqa: E402
 from ..primitives.layout import CacheLayout  # noqa: E402
 from ..primitives.tokens import Tokens, check_ids, tokenise_text, vocab_limit  # noqa: E402
 # qwen_tokenizer(_dir) and tiny_config stay importable from here
+from .families import ensure_family, is_family_name  # noqa: E402
 from .tiny import ensure_tiny, qwen_tokenizer, qwen_tokenizer_dir, tiny_config  # noqa: E402,F401
 
 DTYPES = ("float16", "bfloat16", "float32")
@@ -158,7 +159,8 @@ def fingerprint(model: Model) -> str:
 
 
 def load(name_or_path: str | os.PathLike = "smollm2", *, dtype: str | None = None) -> Model:
-    """Load "smollm2" (default), "tiny", "tiny-hybrid", or a local mlx-lm folder. Never downloads.
+    """Load "smollm2" (default), "tiny", "tiny-hybrid", "tiny:<model_type>" (a tiny model of any
+    cache family: ``kvlab.models.families``), or a local mlx-lm folder. Never downloads.
 
     ``dtype=None``: the platform's fastest dtype for smollm2 and half-precision folders on Linux,
     float32 for the tiny models, the stored dtype otherwise.
@@ -175,6 +177,8 @@ def load(name_or_path: str | os.PathLike = "smollm2", *, dtype: str | None = Non
         return _load_folder(_ensure_smollm2(dtype), "smollm2", dtype)
     if key in ("tiny", "tiny-hybrid"):
         return _load_folder(ensure_tiny(key == "tiny-hybrid"), key, dtype or "float32")
+    if is_family_name(key):
+        return _load_folder(ensure_family(key), key, dtype or "float32")
     path = Path(key).expanduser().resolve()
     if not path.is_dir():
         raise ModelNotFoundError(f"{key!r} is neither a known model name nor a local folder: "

@@ -81,7 +81,8 @@ def layer_kind(cache) -> LayerKind:
 @dataclass(frozen=True)
 class CacheLayout:
     """A model's cache, layer by layer (``layers``), and ``uncached`` layers that keep no cache of
-    their own (they read another layer's KV: Gemma 3n/4's shared-KV layers)."""
+    their own (Gemma 3n/4's shared-KV layers read another layer's KV; Nemotron-H's MLP layers
+    have none)."""
 
     layers: tuple[LayerKind, ...]
     uncached: int = 0
@@ -122,7 +123,7 @@ class CacheLayout:
             counts[layer.label] = counts.get(layer.label, 0) + 1
         parts = [f"{n} x {label}" for label, n in counts.items()]
         if self.uncached:
-            parts.append(f"{self.uncached} x shared KV (no cache)")
+            parts.append(f"{self.uncached} x no cache (shared-KV or MLP-only layer)")
         return ", ".join(parts) or "no layers"
 
     def __repr__(self) -> str:

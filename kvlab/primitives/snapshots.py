@@ -141,9 +141,14 @@ def snapshot(cache: Sequence[Any], *, tokens=None, model=None) -> Snapshot:
     mx.eval([a for layer in layers for _, a in tree_flatten(layer.state) if isinstance(a, mx.array)])
     # the position the cache is at (a sliding window's offset, not the window it still holds)
     seen = [n for n in (position_of(layer.kind, layer.state) for layer in layers) if n is not None]
-    offset = max(seen, default=0)
     ids = ids_of(tokens)
-    if ids is not None and len(ids) != offset and any(seen):
+    if not seen:  # recurrent layers only (Mamba, RWKV): the state does not say what it has seen
+        if ids is None:
+            raise SnapshotError("this cache has recurrent layers only and does not say how many tokens "
+                                "it has seen: pass tokens= (the ids it has run)")
+        return Snapshot(layers, len(ids), ids, getattr(model, "fingerprint", None))
+    offset = max(seen)
+    if ids is not None and len(ids) != offset:
         raise SnapshotError(f"tokens has {len(ids)} ids but the cache holds {offset} tokens")
     return Snapshot(layers, offset, ids, getattr(model, "fingerprint", None))
 

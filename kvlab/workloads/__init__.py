@@ -5,7 +5,7 @@ arguments give identical requests in any process. Sizes marked ``*_tokens`` are 
 text (calibrated on the Qwen3 tokenizer: about 5.5 characters a token for the seeded prose, 3.8
 for JSON) and exact for token ids.
 
-- ``generators``: multi_turn, agentic_loop, shared_system_prompt, prefix_repetition,
+- ``generators``: multi_turn, branching, agentic_loop, shared_system_prompt, prefix_repetition,
   multimodal_mix (and ``GENERATORS`` by name);
 - ``text``: the seeded prose, questions, images and tool schemas they are made of (the schemas
   are package data, ``kvlab/data/tool_schemas.json``);
@@ -22,10 +22,10 @@ from __future__ import annotations
 
 from ..request import Request, Workload
 from .fit import fit_to_context
-from .generators import (BILLING_HEADER, GENERATORS, agentic_loop, multi_turn, multimodal_mix,
+from .generators import (BILLING_HEADER, GENERATORS, agentic_loop, branching, multi_turn, multimodal_mix,
                          prefix_repetition, shared_system_prompt)
 from .text import JSON_CHARS_PER_TOKEN, PROSE_CHARS_PER_TOKEN, tool_schemas
 
 __all__ = ["BILLING_HEADER", "GENERATORS", "JSON_CHARS_PER_TOKEN", "PROSE_CHARS_PER_TOKEN", "Request",
-           "Workload", "agentic_loop", "fit_to_context", "multi_turn", "multimodal_mix",
+           "Workload", "agentic_loop", "branching", "fit_to_context", "multi_turn", "multimodal_mix",
            "prefix_repetition", "shared_system_prompt", "tool_schemas"]

@@ -3,7 +3,7 @@
 
 Example:
     >>> sorted(GENERATORS)
-    ['agentic_loop', 'multi_turn', 'multimodal_mix', 'prefix_repetition', 'shared_system_prompt']
+    ['agentic_loop', 'branching', 'multi_turn', 'multimodal_mix', 'prefix_repetition', 'shared_system_prompt']
 """
 
 from __future__ import annotations
@@ -49,6 +49,34 @@ def multi_turn(turns: int = 3, seed: int = 0, *, system_tokens: int = 64, user_t
                     dict(turns=turns, seed=seed, system_tokens=system_tokens, user_tokens=user_tokens,
                          reply_tokens=reply_tokens, max_tokens=max_tokens),
                     "a growing chat with canned assistant replies")
+
+
+def branching(turns: int = 3, seed: int = 0, *, system_tokens: int = 64, user_tokens: int = 40,
+              reply_tokens: int = 60, max_tokens: int = 128) -> Workload:
+    """The same history with another reply: a chat of ``turns`` turns (as ``multi_turn``), then
+    for each turn k a branch that keeps the history up to user turn k, takes another assistant
+    reply there and asks a new question (a user who regenerates or edits an answer). A branch can
+    reuse the shared history only up to the end of user turn k: a cache restored past it would
+    hold the first reply.
+
+    Example:
+        >>> wl = kv.workloads.branching(turns=2)
+        >>> [r.name for r in wl]
+        ['turn-1', 'turn-2', 'branch-1', 'branch-2']
+        >>> wl[2].messages[:2] == wl[1].messages[:2], wl[2].messages[2] == wl[1].messages[2]
+        (True, False)
+    """
+    main = multi_turn(turns, seed, system_tokens=system_tokens, user_tokens=user_tokens,
+                      reply_tokens=reply_tokens, max_tokens=max_tokens)
+    rng = np.random.default_rng([seed, 6])
+    branches = []
+    for k, request in enumerate(main.requests):
+        reply = {"role": "assistant", "content": "Alternatively: " + prose(rng, reply_tokens)}
+        follow = {"role": "user", "content": question(rng, user_tokens)}
+        branches.append(Request(messages=(*request.messages, reply, follow), max_tokens=max_tokens,
+                                name=f"branch-{k + 1}"))
+    return Workload("branching", main.requests + tuple(branches), {**main.params},
+                    "a chat, then one branch per turn: the same history with another reply")
 
 
 def agentic_loop(turns: int = 4, seed: int = 0, *, system_tokens: int = 800, tools: int = 4,
@@ -224,5 +252,5 @@ def multimodal_mix(num_requests: int = 4, seed: int = 0, *, image_every: int = 2
                     "text-only and image requests mixed")
 
 
-GENERATORS = {f.__name__: f for f in (multi_turn, agentic_loop, shared_system_prompt,
+GENERATORS = {f.__name__: f for f in (multi_turn, branching, agentic_loop, shared_system_prompt,
                                       prefix_repetition, multimodal_mix)}

@@ -224,6 +224,10 @@ RECORDED = [
     ("prefix_repetition", dict(prefix_len=48, suffix_len=24, num_prompts=4, num_prefixes=2,
                                tokenizer="qwen"),
      "ec6e87a32f11947a467ed93b2ce0a65c0db46987150324045908b823b2001058"),
+    # branching: recorded when it was added (issue 18)
+    ("branching", {}, "8e5f35b4ba136cdbf4954eaf8967d1c3c40be0fc6c043e9895a63386c663e8af"),
+    ("branching", dict(turns=4, seed=2, system_tokens=100, user_tokens=10, reply_tokens=50, max_tokens=8),
+     "c51360524efb9c73fb0a35c194ee0dedce008a9fcb77f68b4732089c64490d96"),
     ("multimodal_mix", {}, "8d78420ecbd295358aa622f313a15c8e8a77c46ec8750380f32ebe0cef6f9469"),
     ("multimodal_mix", dict(num_requests=9, seed=4, image_every=3, image_size=(24, 40),
                             system_tokens=100, same_text=False),
