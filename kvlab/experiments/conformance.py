@@ -29,6 +29,7 @@ from pathlib import Path
 import polars as pl
 
 from ..engine import Engine
+from ..errors import KvlabError
 from ..models.families import FAMILY_OF, MODEL_TYPES
 from ..models.loading import load
 from ..primitives.display import summary_html, table_html
@@ -113,6 +114,17 @@ def run_cell(model_type: str, store: str, workload: str, *, folder: Path | None 
     reason = _reason(engine)
     return Cell(model_type, FAMILY_OF[model_type], store, workload, len(results),
                 sum(r.prompt_tokens for r in results), reused, diff, classify(reused, diff, reason), reason)
+
+
+def check_names(model_types, stores, workloads) -> tuple[list[str], list[str], list[str]]:
+    """The three lists, checked: a KvlabError names what is unknown and what exists."""
+    for what, given, known in (("model type", model_types, MODEL_TYPES), ("store", stores, STORES),
+                               ("workload", workloads, tuple(WORKLOADS))):
+        unknown = [name for name in given if name not in known]
+        if unknown or not given:
+            raise KvlabError(f"unknown {what} {', '.join(map(repr, unknown)) or '(none given)'}; "
+                             f"use any of {', '.join(known)}")
+    return list(model_types), list(stores), list(workloads)
 
 
 def run_conformance(model_types=MODEL_TYPES, stores=STORES, workloads=tuple(WORKLOADS), *,

@@ -93,9 +93,12 @@ def _views(tree):
 
 
 def _to_live(tree):
-    # Fresh views again on restore, and lists where mlx-lm expects lists (ArraysCache.cache).
+    # Fresh views again on restore, and fresh lists: mlx-lm writes into ArraysCache.cache in place,
+    # so a list handed over as it is (a CacheList's recurrent part) would change the snapshot.
     if isinstance(tree, tuple):
         return tuple(_to_live(t) for t in tree)
+    if isinstance(tree, list):
+        return [_to_live(t) for t in tree]
     return _view(tree)
 
 
@@ -166,7 +169,7 @@ def restore(snap: Snapshot) -> list:
         if cls is None:
             raise SnapshotError(f"unknown mlx-lm cache class {layer.kind!r}; this mlx-lm is too old")
         state = _to_live(layer.state)
-        if layer.kind == "ArraysCache":
+        if issubclass(cls, mlx_cache.ArraysCache):
             state = (list(state[0]), state[1], state[2])
         empty = layer.kind == "KVCache" and state[0] is None
         out.append(mlx_cache.KVCache() if empty else cls.from_state(state))
