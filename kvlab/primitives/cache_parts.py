@@ -143,8 +143,3 @@ def assemble(template: tuple[Part, ...], states: dict[int, Any], offset: int) ->
         out.append(LayerState(part.cls, state, tokens, nbytes_of(state)))
     return tuple(out)
 
-
-def recurrent_state(template_state, arrays) -> tuple:
-    """An ArraysCache state with ``arrays`` in the container type the template used (a list
-    inside a CacheList, which mlx-lm writes into), its padding and lengths kept."""
-    return (type(template_state[0])(arrays),) + tuple(template_state[1:])

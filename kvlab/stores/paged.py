@@ -42,13 +42,13 @@ from mlx.utils import tree_map
 from ..errors import BlockSizeError, BudgetError, SnapshotError
 from ..keys import CacheKey
 from ..policies import KIND_PRIORITY, Unit, store_policy
-from ..primitives.cache_parts import arrays_of, assemble, copy_of, full_kv, nbytes_of, parts_of, rotating_state
+from ..primitives.cache_parts import arrays_of, assemble, full_kv, nbytes_of, parts_of
 from ..primitives.display import summary_html, table_html
 from ..primitives.snapshots import Snapshot
 from ..primitives.tokens import Tokens
 from .base import Capabilities, Match
 from .budgeted import BudgetedStore
-from .paged_parts import COMPONENTS, Checkpoint, needs, obstacle, reach, window_block, window_of
+from .paged_parts import Checkpoint, CheckpointBook, join_full, join_window, needs, obstacle
 
 
 @dataclass(eq=False)
@@ -79,7 +79,7 @@ class Block:
                             f"{self.nbytes} B", f"ref {self.ref_cnt}", f"{self.hits} hits")
 
 
-class PagedStore(BudgetedStore):
+class PagedStore(CheckpointBook, BudgetedStore):
     """vLLM-style paged prefix cache (see module docstring).
 
     ``num_blocks`` is the pool size; ``budget_bytes`` (default 25% of RAM) also caps the resident
@@ -230,68 +230,6 @@ class PagedStore(BudgetedStore):
         self.log.add("block_stored", tokens=self.block_size, nbytes=nbytes, entry=h.hex(), kind=kind)
         return block
 
-    def _checkpoint(self, held: list[Block], parts, offset: int) -> None:
-        """Keep a checkpoint at the end of the last block ``held`` when the snapshot can give one
-        there: recurrent states only where they were taken (a block end), window KV of every
-        block the window reaches. Window KV no checkpoint reaches is released."""
-        k, b = len(held), self.block_size
-        recurrent = [i for i, p in enumerate(parts) if p.kind == "recurrent"]
-        last = held[-1]
-        if (recurrent and offset != k * b) or last.hash in self._checkpoints:
-            return self._release(held)
-        reached = set()
-        for i, p in enumerate(parts):
-            if p.kind != "window":
-                continue
-            for j in reach(k * b, window_of(p), b):
-                if i not in held[j].window:
-                    kv = window_block(p, j, b)
-                    if kv is None:  # the window this snapshot holds does not reach back far enough
-                        return self._release(held)
-                    self._add_window(held[j], i, kv)
-                reached.add(j)
-        states = {i: copy_of(parts[i].state) for i in recurrent}
-        nbytes = nbytes_of(list(states.values()))
-        cp = Checkpoint(next(self._ids), last.hash, k * b, states, nbytes,
-                        tuple(held[j].hash for j in sorted(reached)))
-        for j in reached:
-            held[j].window_refs += 1
-        self._checkpoints[last.hash] = cp
-        self._bytes += nbytes
-        self.log.add("checkpoint_stored", tokens=k * b, nbytes=nbytes, entry=last.hash.hex(),
-                     kind="recurrent state" if states else "sliding window")
-        self._release(held)
-
-    def _add_window(self, block: Block, i: int, kv) -> None:
-        mx.eval(arrays_of(kv))
-        nbytes = nbytes_of(kv)
-        block.window[i] = kv
-        block.nbytes += nbytes
-        self._bytes += nbytes
-        self.log.add("window_stored", tokens=self.block_size, nbytes=nbytes, entry=block.hash.hex(),
-                     kind=f"sliding window of {window_of(self._parts[i])}")
-
-    def _release(self, blocks) -> None:
-        """Drop the window KV of blocks no checkpoint's window reaches."""
-        for block in blocks:
-            if block.window and not block.window_refs:
-                nbytes = nbytes_of(list(block.window.values()))
-                block.window, block.nbytes = {}, block.nbytes - nbytes
-                self._bytes -= nbytes
-                self.log.add("window_released", tokens=self.block_size, nbytes=nbytes, entry=block.hash.hex(),
-                             reason="older than every window a checkpoint needs")
-
-    def _drop_checkpoint(self, h: bytes, reason: str) -> None:
-        cp = self._checkpoints.pop(h, None)
-        if cp is None:
-            return
-        self._bytes -= cp.nbytes
-        reached = [self._blocks[w] for w in cp.window_blocks if w in self._blocks]
-        for block in reached:
-            block.window_refs -= 1
-        self.log.add("checkpoint_removed", tokens=cp.position, nbytes=cp.nbytes, entry=h.hex(), reason=reason)
-        self._release(reached)
-
     def _full(self, incoming: int) -> bool:
         if self.num_blocks is not None and len(self._blocks) >= self.num_blocks:
             return True
@@ -318,14 +256,9 @@ class PagedStore(BudgetedStore):
         states, f = {}, 0
         for i, p in enumerate(self._parts):
             if p.kind == "full":
-                states[i], f = _join_full([b.kv[f] for b in hits], n), f + 1
+                states[i], f = join_full([b.kv[f] for b in hits], n), f + 1
             elif p.kind == "window":
-                window = window_of(p)
-                lo = max(0, n - window)
-                first = lo // self.block_size
-                k = mx.concatenate([b.window[i][0] for b in hits[first:]], axis=2)[..., lo - first * self.block_size:, :]
-                v = mx.concatenate([b.window[i][1] for b in hits[first:]], axis=2)[..., lo - first * self.block_size:, :]
-                states[i] = rotating_state(k, v, n, window)
+                states[i] = join_window(hits, i, n, p, self.block_size)
             else:  # fresh containers and array objects: mlx-lm writes into a CacheList part's list
                 states[i] = tree_map(lambda a: a[...] if isinstance(a, mx.array) else a, cp.states[i])
         layers = assemble(self._parts, states, n)
@@ -350,21 +283,6 @@ class PagedStore(BudgetedStore):
                                 "use one PagedStore per model")
 
     # -- looking ----------------------------------------------------------------------------------
-    def components(self) -> dict:
-        """Bytes held per component (``full`` KV blocks, ``window`` KV, ``recurrent`` state
-        checkpoints), the checkpoint count, and per layer the window KV tokens held. ``nbytes``
-        (their sum) stays the store's memory figure."""
-        full = sum(nbytes_of(b.kv) for b in self._blocks.values())
-        window = sum(nbytes_of(list(b.window.values())) for b in self._blocks.values())
-        recurrent = sum(cp.nbytes for cp in self._checkpoints.values())
-        tokens: dict[int, int] = {}
-        for b in self._blocks.values():
-            for i, (k, _) in b.window.items():
-                layer = self._parts[i].layer
-                tokens[layer] = tokens.get(layer, 0) + k.shape[2]
-        return {**dict(zip(COMPONENTS, (full, window, recurrent))), "checkpoints": len(self._checkpoints),
-                "window_tokens": tokens}
-
     def blocks_frame(self) -> pl.DataFrame:
         """One row per resident block: hash, parent, ids, bytes, ref count, hits, recency, its
         place in the free queue (0 = evicted next; null = referenced), its window KV bytes and
@@ -399,19 +317,3 @@ class PagedStore(BudgetedStore):
                             f"{self.evictions} evictions", note=self._unpageable,
                             body=table_html(blocks.columns, blocks.head(50).rows(), total=blocks.height))
 
-
-def _join_full(parts: list[tuple], n: int) -> tuple:
-    """One full-attention part's state from its blocks' KV (concatenated along tokens)."""
-    quant = {tuple(p[2:]) for p in parts if len(p) > 2}
-    if len(quant) > 1:
-        raise SnapshotError(f"this PagedStore holds blocks quantized with different (group size, "
-                            f"bits) {sorted(quant)}: use one PagedStore per KV format")
-    if quant:
-        # float blocks cached below quantized_kv_start: mlx quantizes each token's groups on
-        # their own, so quantizing a block alone equals what mlx-lm's conversion would give
-        group, bits = quant.pop()
-        parts = [p if len(p) > 2 else tuple(mx.quantize(x, group_size=group, bits=bits) for x in p)
-                 for p in parts]
-        k, v = (tuple(mx.concatenate([p[j][a] for p in parts], axis=-2) for a in range(3)) for j in (0, 1))
-        return (k, v, n, group, bits)
-    return (mx.concatenate([p[0] for p in parts], axis=2), mx.concatenate([p[1] for p in parts], axis=2), n)
