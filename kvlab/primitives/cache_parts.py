@@ -20,7 +20,7 @@ Example:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import mlx.core as mx
@@ -131,6 +131,10 @@ def assemble(template: tuple[Part, ...], states: dict[int, Any], offset: int) ->
     into CacheLists where the template has them."""
     layers: dict[int, list] = {}
     for i, part in enumerate(template):
+        if part.kind == "full":  # blocks cached below quantized_kv_start join quantized ones
+            quantized = len(states[i]) == 5
+            if quantized != (part.cls == "QuantizedKVCache"):
+                part = replace(part, cls="QuantizedKVCache" if quantized else "KVCache")
         layers.setdefault(part.layer, []).append((part, states[i]))
     out = []
     for _, group in sorted(layers.items()):
