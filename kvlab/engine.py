@@ -201,7 +201,11 @@ class Engine:
         snapshot was taken."""
         ids, bounds = toks.ids, ()
         if self.checkpoints and self.store is not None:
-            bounds = tuple(b for b in positions(self.checkpoint_policy, toks, self.model.tokenizer) if b > reused)
+            bounds = positions(self.checkpoint_policy, toks, self.model.tokenizer)
+            every = self.store.capabilities.checkpoint_every  # a store keeping recurrent state at block ends
+            if every and "recurrent" in self.model.layout.kind_set:
+                bounds = sorted(set(bounds) | set(range(every, len(ids), every)))
+            bounds = tuple(b for b in bounds if b > reused)
         cache = make_cache(self.model) if cache is None else cache
         pos, checkpoints = reused, 0
         for b in bounds:

@@ -87,7 +87,9 @@ class Capabilities:
     ``full`` KV only. ``budget_bytes``: its byte budget (None: counted in entries, mlx-lm's way).
     ``needs_spans``: it reads the rendered prompt's message spans (the system-prompt store finds
     its boundary there), so a server must recover them. ``views``: the frames ``frame(view)``
-    draws (``VIEWS``). ``tiers``: where it keeps entries.
+    draws (``VIEWS``). ``tiers``: where it keeps entries. ``checkpoint_every``: a store that keeps
+    recurrent state only at multiples of it (its block ends) asks whoever prefills a prompt with
+    recurrent layers for a snapshot at each one the prompt passes.
     """
 
     block_size: int | None = None
@@ -96,6 +98,7 @@ class Capabilities:
     needs_spans: bool = False
     views: tuple[str, ...] = ()
     tiers: tuple[str, ...] = ("ram",)
+    checkpoint_every: int | None = None
 
     def refuses(self, layout) -> str | None:
         """Why this store can hold none of a cache of ``layout`` (a ``CacheLayout``), or None."""

@@ -1,10 +1,11 @@
 """PagedStore: vLLM's prefix cache — fixed-size KV blocks keyed by chained block hashes.
 
 Each full block of ``block_size`` tokens is stored once, under ``kv.block_hashes`` of the request
-(with its extra keys and salt), holding its own copy of every layer's keys/values for its tokens.
-Blocks carry reference counts; a block nobody references is *free but still cached* and sits in
-a free queue until it is reused (a hit takes it out) or evicted from the queue's front. A finished
-request frees its blocks tail first, so its tail is evicted before its head (vLLM's order).
+(with its extra keys and salt), holding its own copy of every full-attention layer's keys/values
+for its tokens. Blocks carry reference counts; a block nobody references is *free but still
+cached* and sits in a free queue until it is reused (a hit takes it out) or evicted from the
+queue's front. A finished request frees its blocks tail first, so its tail is evicted before its
+head (vLLM's order).
 
 Hits are full blocks only and the last prompt token is always recomputed: reuse is the number of
 leading resident blocks within the first n-1 tokens, times ``block_size``.
@@ -15,9 +16,13 @@ size 1 (capacity: ``num_blocks``, else the budget in blocks), depth ``i * block_
 parent block as ``parent``; a request's blocks are accessed when it frees them, tail first, as
 in ``kv.simulate``. Blocks a running request holds are never victims.
 
-Only attention (``KVCache``, ``QuantizedKVCache``) layers can be paged. For a model with other layers (SSM/conv state,
-rotating windows) ``insert`` stores nothing and ``lookup`` answers a miss whose ``why`` says which
-layer is the obstacle, so the Engine's Result explains the 0% reuse instead of hiding it.
+Sliding-window and recurrent layers (hybrid models, CacheList layers) are held too
+(``kvlab.stores.paged_parts``): a window layer keeps only the blocks inside the window before
+each checkpoint, a recurrent state is kept as a checkpoint at a block end the prompt was
+snapshotted at (the store asks the Engine for one at every block end through
+``Capabilities.checkpoint_every``), and a hit lands on the deepest checkpoint along the prompt's
+cached blocks. ``components()`` gives the bytes of each kind. Chunked attention is refused, the
+layer named. A paged store in front of a disk tier (``on_evict``) holds full KV only.
 
 Example:
     >>> store = kv.PagedStore(block_size=16, num_blocks=2048)
@@ -28,27 +33,30 @@ Example:
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import mlx.core as mx
 import polars as pl
-from mlx.utils import tree_flatten, tree_map
+from mlx.utils import tree_map
 
 from ..errors import BlockSizeError, BudgetError, SnapshotError
 from ..keys import CacheKey
 from ..policies import KIND_PRIORITY, Unit, store_policy
+from ..primitives.cache_parts import arrays_of, assemble, full_kv, nbytes_of, parts_of
 from ..primitives.display import summary_html, table_html
-from ..primitives.snapshots import LayerState, Snapshot
+from ..primitives.snapshots import Snapshot
 from ..primitives.tokens import Tokens
 from .base import Capabilities, Match
 from .budgeted import BudgetedStore
+from .paged_parts import Checkpoint, CheckpointBook, join_full, join_window, needs, obstacle
 
 
 @dataclass(eq=False)
 class Block:
-    """One resident block: its hash, parent hash, token ids and per-layer (keys, values)
-    arrays of shape [batch, kv_heads, block_size, head_dim] (quantized layers: (keys, values,
-    group_size, bits), keys and values each (packed words, scales, biases))."""
+    """One resident block: its hash, parent hash, token ids, per full-attention part (keys,
+    values) arrays of shape [batch, kv_heads, block_size, head_dim] (quantized parts: (keys,
+    values, group_size, bits), keys and values each (packed words, scales, biases)), and per
+    window part (part index -> (keys, values)) while a checkpoint's window reaches it."""
 
     id: int
     hash: bytes
@@ -60,6 +68,8 @@ class Block:
     ref_cnt: int = 0
     hits: int = 0
     last_used: int = 0
+    window: dict = field(default_factory=dict)
+    window_refs: int = 0
 
     def __repr__(self) -> str:
         return f"Block({self.hash.hex()[:12]}, {len(self.token_ids)} tokens, ref {self.ref_cnt})"
@@ -69,11 +79,11 @@ class Block:
                             f"{self.nbytes} B", f"ref {self.ref_cnt}", f"{self.hits} hits")
 
 
-class PagedStore(BudgetedStore):
+class PagedStore(CheckpointBook, BudgetedStore):
     """vLLM-style paged prefix cache (see module docstring).
 
     ``num_blocks`` is the pool size; ``budget_bytes`` (default 25% of RAM) also caps the resident
-    blocks' bytes. Both bound what stays cached; ``policy`` (a name or a ``kvlab.policies.Policy``;
+    bytes. Both bound what stays cached; ``policy`` (a name or a ``kvlab.policies.Policy``;
     default the least recently freed block first) and ``policy_params`` say which block goes.
     """
 
@@ -97,12 +107,13 @@ class PagedStore(BudgetedStore):
         # free but cached blocks, front = evicted first (vLLM's FreeKVCacheBlockQueue)
         self._free: OrderedDict[bytes, Block] = OrderedDict()
         self._unpageable = ""  # why the last snapshot offered could not be paged
+        self._parts = None  # the model's cache parts (kvlab.primitives.cache_parts), from its first snapshot
+        self._checkpoints: dict[bytes, Checkpoint] = {}  # by the hash of the block they end
 
     # -- protocol ---------------------------------------------------------------------------------
     @property
     def entries(self) -> int:
         return len(self._blocks)
-
 
     def hashes(self, key: CacheKey, n: int | None = None) -> list[bytes]:
         """Chained hashes of the full blocks of ``key``'s first ``n`` tokens (all by default)."""
@@ -110,8 +121,10 @@ class PagedStore(BudgetedStore):
 
     @property
     def capabilities(self) -> Capabilities:
-        return Capabilities(block_size=self.block_size, holds=frozenset({"full"}), budget_bytes=self.budget_bytes,
-                            views=("blocks",))
+        # a block handed to a disk tier alone restores nothing of a window or a recurrent state
+        holds = {"full"} if self.on_evict is not None else {"full", "window", "recurrent", "list"}
+        return Capabilities(block_size=self.block_size, holds=frozenset(holds), budget_bytes=self.budget_bytes,
+                            views=("blocks",), checkpoint_every=None if self.on_evict else self.block_size)
 
     def lookup(self, key: CacheKey, tokens: Tokens, *, limit: int) -> Match:
         if self._unpageable:
@@ -124,14 +137,24 @@ class PagedStore(BudgetedStore):
             hits.append(block)
         if not hits:
             return Match("miss", why=self._miss_why(key, limit))
+        cp = None
+        if self._checkpointed:
+            k = next((k for k in range(len(hits), 0, -1) if hits[k - 1].hash in self._checkpoints), 0)
+            if not k:
+                return Match("miss", why=f"{len(hits)} leading blocks ({len(hits) * self.block_size} tokens) "
+                             f"are cached, but no checkpoint of {needs(self._parts)} is held at a block "
+                             "end within them")
+            hits, cp = hits[:k], self._checkpoints[hits[k - 1].hash]
+            cp.hits += 1
         tick = next(self._clock)
         for b in hits:
             b.hits, b.last_used = b.hits + 1, tick
         n = len(hits) * self.block_size
-        return Match("prefix", n, self._gather(hits, key.ids[:n]), n, hits[-1].id)
+        return Match("prefix", n, self._gather(hits, key.ids[:n], cp), n, hits[-1].id)
 
     def insert(self, key: CacheKey, tokens: Tokens, snap: Snapshot, *, kind: str = "prompt") -> None:
-        why = _why_unpageable(snap)
+        parts = parts_of(snap)
+        why = obstacle(parts)
         if why:
             self._unpageable = why
             return
@@ -139,7 +162,10 @@ class PagedStore(BudgetedStore):
         if not hashes:
             return
         self._check_model(snap)
-        per_block = _bytes_per_token(snap) * self.block_size
+        if self._parts is None:  # its structure only: arrays would keep this request's buffers alive
+            self._parts = tuple(replace(p, state=tree_map(lambda a: None if isinstance(a, mx.array) else a, p.state))
+                                for p in parts)
+        per_block = self._full_bytes_per_token(parts) * self.block_size
         if self._policy_spec is not None:  # first blocks: size the policy to the budget in blocks
             name, params = self._policy_spec
             self.policy = store_policy(name, self.budget_bytes // max(per_block, 1), params, store=self.name)
@@ -157,12 +183,14 @@ class PagedStore(BudgetedStore):
         for i, h in enumerate(hashes):
             block = self._blocks.get(h)
             if block is None:
-                block = self._store(h, parent, key.ids, i, snap, kind)
+                block = self._store(h, parent, key.ids, i, parts, snap.fingerprint, kind)
             else:
                 self._free.pop(h, None)
             block.ref_cnt += 1
             held.append(block)
             parent = h
+        if self._checkpointed:
+            self._checkpoint(held, parts, snap.offset)
         # ... and frees them when it finishes, tail first, so the tail is evicted before the head
         tick = next(self._clock)
         priority = KIND_PRIORITY.get(kind, 0)
@@ -176,22 +204,26 @@ class PagedStore(BudgetedStore):
                 self._free[block.hash] = block
 
     # -- internals --------------------------------------------------------------------------------
-    def _store(self, h: bytes, parent, ids, i: int, snap: Snapshot, kind: str) -> Block:
+    @property
+    def _checkpointed(self) -> bool:
+        """A hit needs a checkpoint (this model has window or recurrent parts)."""
+        return bool(self._parts) and bool(needs(self._parts))
+
+    def _full_bytes_per_token(self, parts) -> int:
+        return sum(a.nbytes // max(a.shape[-2], 1) for p in parts if p.kind == "full"
+                   for a in arrays_of(tuple(p.state[:2])))
+
+    def _store(self, h: bytes, parent, ids, i: int, parts, fingerprint, kind: str) -> Block:
         s, e = i * self.block_size, (i + 1) * self.block_size
-        # a copy per block (not a view) so a block never keeps a whole request buffer alive
-        # (mx.array copies; mx.contiguous returns a one-KV-head slice as the view it is), in fresh
-        # memory: MLX's buffer cache would hand a small copy a freed buffer up to twice its size.
-        # A quantized layer's packed words, scales and biases all have the token axis at -2, and
-        # its (group_size, bits) ride along after (keys, values)
+        # a copy per block (not a view) so a block never keeps a whole request buffer alive, in
+        # fresh memory: MLX's buffer cache would hand a small copy a freed buffer up to twice its size
         mx.clear_cache()
-        kv = tuple(tree_map(lambda a: mx.array(a[..., s:e, :]), tuple(layer.state[:2])) + tuple(layer.state[3:5])
-                   for layer in snap.layers)
-        arrays = [a for _, a in tree_flatten(kv) if isinstance(a, mx.array)]
-        mx.eval(arrays)
-        nbytes = sum(a.nbytes for a in arrays)
+        kv = tuple(full_kv(p.state, s, e) for p in parts if p.kind == "full")
+        mx.eval(arrays_of(kv))
+        nbytes = nbytes_of(kv)
         while self._full(nbytes):
             self._evict_one()
-        block = Block(next(self._ids), h, parent, tuple(ids[s:e]), kv, nbytes, snap.fingerprint,
+        block = Block(next(self._ids), h, parent, tuple(ids[s:e]), kv, nbytes, fingerprint,
                       last_used=next(self._clock))
         self._blocks[h] = block
         self._bytes += nbytes
@@ -209,8 +241,9 @@ class PagedStore(BudgetedStore):
             raise BudgetError("paged: every block is referenced; raise num_blocks or budget_bytes")
         h = self.policy.victim(self._free.__contains__)
         block = self._free[h]
-        if self.on_evict is not None:
+        if self.on_evict is not None and not self._checkpointed:
             self.on_evict(h.hex(), self._gather([block], block.token_ids))  # hand it over first
+        self._drop_checkpoint(h, self.policy.name)
         del self._free[h]
         del self._blocks[h]
         self._bytes -= block.nbytes
@@ -218,30 +251,19 @@ class PagedStore(BudgetedStore):
         self.log.add("block_removed", tokens=len(block.token_ids), nbytes=block.nbytes,
                      entry=h.hex(), reason=self.policy.name, capacity=True)
 
-    def _gather(self, hits: list[Block], ids) -> Snapshot:
+    def _gather(self, hits: list[Block], ids, cp: Checkpoint | None = None) -> Snapshot:
         n = len(hits) * self.block_size
-        layers = []
-        for i in range(len(hits[0].kv)):
-            parts = [b.kv[i] for b in hits]
-            quant = {tuple(p[2:]) for p in parts if len(p) > 2}
-            if len(quant) > 1:
-                raise SnapshotError(f"this PagedStore holds blocks quantized with different (group size, "
-                                    f"bits) {sorted(quant)}: use one PagedStore per KV format")
-            if quant:
-                # float blocks cached below quantized_kv_start: mlx quantizes each token's groups on
-                # their own, so quantizing a block alone equals what mlx-lm's conversion would give
-                group, bits = quant.pop()
-                parts = [p if len(p) > 2 else tuple(mx.quantize(x, group_size=group, bits=bits) for x in p)
-                         for p in parts]
-                k, v = (tuple(mx.concatenate([p[j][a] for p in parts], axis=-2) for a in range(3)) for j in (0, 1))
-                layers.append(LayerState("QuantizedKVCache", (k, v, n, group, bits), n,
-                                         sum(a.nbytes for a in k + v)))
-                continue
-            k = mx.concatenate([p[0] for p in parts], axis=2)
-            v = mx.concatenate([p[1] for p in parts], axis=2)
-            layers.append(LayerState("KVCache", (k, v, n), n, k.nbytes + v.nbytes))
-        mx.eval([layer.state[:2] for layer in layers])
-        return Snapshot(tuple(layers), n, tuple(ids), hits[0].fingerprint)
+        states, f = {}, 0
+        for i, p in enumerate(self._parts):
+            if p.kind == "full":
+                states[i], f = join_full([b.kv[f] for b in hits], n), f + 1
+            elif p.kind == "window":
+                states[i] = join_window(hits, i, n, p, self.block_size)
+            else:  # fresh containers and array objects: mlx-lm writes into a CacheList part's list
+                states[i] = tree_map(lambda a: a[...] if isinstance(a, mx.array) else a, cp.states[i])
+        layers = assemble(self._parts, states, n)
+        mx.eval([arrays_of(layer.state) for layer in layers])
+        return Snapshot(layers, n, tuple(ids), hits[0].fingerprint)
 
     def _miss_why(self, key: CacheKey, limit: int) -> str:
         if limit < self.block_size:
@@ -262,17 +284,21 @@ class PagedStore(BudgetedStore):
 
     # -- looking ----------------------------------------------------------------------------------
     def blocks_frame(self) -> pl.DataFrame:
-        """One row per resident block: hash, parent, ids, bytes, ref count, hits, recency and its
-        place in the free queue (0 = evicted next; null = referenced)."""
+        """One row per resident block: hash, parent, ids, bytes, ref count, hits, recency, its
+        place in the free queue (0 = evicted next; null = referenced), its window KV bytes and
+        the recurrent-state bytes of a checkpoint at its end."""
         order = {h: i for i, h in enumerate(self._free)}
         return pl.DataFrame(
             [{"block": b.id, "hash": b.hash.hex(), "parent": b.parent.hex() if b.parent else None,
               "token_ids": list(b.token_ids), "bytes": b.nbytes, "ref_cnt": b.ref_cnt,
-              "hits": b.hits, "last_used": b.last_used, "free_position": order.get(h)}
+              "hits": b.hits, "last_used": b.last_used, "free_position": order.get(h),
+              "window_bytes": nbytes_of(list(b.window.values())),
+              "checkpoint_bytes": self._checkpoints[h].nbytes if h in self._checkpoints else None}
              for h, b in self._blocks.items()],
             schema={"block": pl.Int64, "hash": pl.Utf8, "parent": pl.Utf8,
                     "token_ids": pl.List(pl.Int64), "bytes": pl.Int64, "ref_cnt": pl.Int64,
-                    "hits": pl.Int64, "last_used": pl.Int64, "free_position": pl.Int64})
+                    "hits": pl.Int64, "last_used": pl.Int64, "free_position": pl.Int64,
+                    "window_bytes": pl.Int64, "checkpoint_bytes": pl.Int64})
 
     def _pool(self) -> str:
         return "" if self.num_blocks is None else f" of {self.num_blocks}"
@@ -283,20 +309,11 @@ class PagedStore(BudgetedStore):
 
     def _repr_html_(self) -> str:
         blocks = self.blocks_frame().drop("token_ids")
+        c = self.components()
         return summary_html("PagedStore", f"{len(self._blocks)}{self._pool()} blocks of "
                             f"{self.block_size} tokens", f"{len(self._free)} free (cached)", f"{self._bytes / 2**20:.2f} MiB",
+                            f"full KV {c['full']} B, window KV {c['window']} B, recurrent {c['recurrent']} B "
+                            f"in {c['checkpoints']} checkpoints",
                             f"{self.evictions} evictions", note=self._unpageable,
                             body=table_html(blocks.columns, blocks.head(50).rows(), total=blocks.height))
 
-
-def _why_unpageable(snap: Snapshot) -> str:
-    for i, layer in enumerate(snap.layers):
-        if layer.kind not in ("KVCache", "QuantizedKVCache"):
-            return (f"PagedStore pages attention KV only: layer {i} is {layer.kind}, which cannot be "
-                    "cut into token blocks; use RadixStore (the Engine checkpoints such models at "
-                    "message boundaries)")
-    return ""
-
-
-def _bytes_per_token(snap: Snapshot) -> int:
-    return sum(layer.nbytes for layer in snap.layers) // max(snap.offset, 1)

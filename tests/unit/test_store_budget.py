@@ -377,17 +377,19 @@ def test_paged_budget_smaller_than_one_request():
         small.insert(CacheKey(ids), TOKS, synthetic(ids))
 
 
-def test_paged_refuses_other_model_and_recurrent_layers():
+def test_paged_refuses_other_model_and_checkpoints_recurrent_layers():
     store = kv.PagedStore(block_size=BLOCK, num_blocks=8)
     ids = tuple(range(8))
     store.insert(CacheKey(ids), TOKS, synthetic(ids, fingerprint="model-a"))
     with pytest.raises(kv.errors.SnapshotError, match="one PagedStore per model"):
         store.insert(CacheKey(ids), TOKS, synthetic(ids, fingerprint="model-b"))
+    # a recurrent state is kept as a checkpoint at the block end it was taken at (8), 12 bytes
     hybrid = kv.PagedStore(block_size=BLOCK, num_blocks=8)
     hybrid.insert(CacheKey(ids), TOKS, synthetic(ids, recurrent=True))
-    assert hybrid.entries == 0
-    m = hybrid.lookup(CacheKey(ids), TOKS, limit=7)
-    assert m.kind == "miss" and "layer 2 is ArraysCache" in m.why
+    assert hybrid.entries == 2 and hybrid.components()["recurrent"] == 12
+    m = hybrid.lookup(CacheKey(ids), TOKS, limit=7)  # one block within 7 tokens, no checkpoint at 4
+    assert m.kind == "miss" and "recurrent state of layer 2 (ArraysCache)" in m.why
+    assert hybrid.lookup(CacheKey(ids + (9,)), TOKS, limit=8).tokens == 8
 
 
 def test_radix_reinsert_refreshes_without_replacing():
