@@ -155,17 +155,18 @@ def test_generation_thread_death_answers_every_request(start, faulty, no_eos):
     net.hold = threading.Event()
     release = net.hold
     with ThreadPoolExecutor(2) as pool:
-        # B is decoding (its step held) when A, whose prompt kills the thread, is queued
-        b = pool.submit(_ask, server, [{"role": "user", "content": "count to fifty"}], 40, logit_bias=no_eos)
+        # B is decoding (its step held) when A, whose prompt kills the thread, is queued; once
+        # released, mlx-lm runs at most 25 steps (its TimeBudget) before taking A, so B (64
+        # tokens) is still running when A's prefill raises
+        b = pool.submit(_ask, server, [{"role": "user", "content": "count to fifty"}], 64, logit_bias=no_eos)
         assert net.holding.wait(60)
         a = pool.submit(_ask, server, _marked())
         _until(lambda: server.generator.requests.qsize() == 1, "A to be queued")
         release.set()
         a, b = a.result(), b.result()
     for r in (a, b):
-        assert r.status_code == 500, r.text
-        assert "injected fault: a marked prompt" in r.json()["error"]["message"] \
-            if isinstance(r.json()["error"], dict) else r.json()["error"], r.text
+        assert r.status_code == 500 and "injected fault: a marked prompt" in r.text, r.text
+    # A failed before its headers (mlx-lm's error shape), B after mlx-lm buffered its 200
     assert a.json()["error"] == "generation failed: mlx-lm's generation thread died (RuntimeError: " \
         "injected fault: a marked prompt); the request was not completed, retry it"
     assert b.json()["error"]["type"] == "server_error"
