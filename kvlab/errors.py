@@ -37,6 +37,14 @@ class RequestError(KvlabError, ValueError):
     """A request the engine cannot run (empty, too long for the model's context)."""
 
 
+class GenerationError(KvlabError, RuntimeError):
+    """mlx-lm's generation thread died; ``status`` is the HTTP status a served request gets."""
+
+    def __init__(self, message: str, status: int = 500):
+        super().__init__(message)
+        self.status = status
+
+
 class BudgetError(KvlabError, ValueError):
     """A store budget that cannot hold what is asked of it."""
 

@@ -60,4 +60,7 @@ def serve(args) -> int:
     s = server.stats()
     print(f"kvlab serve: stopped after {s['requests']} requests, token hit {s['token_hit_rate']:.1%}, "
           f"request hit {s['request_hit_rate']:.1%}", file=sys.stderr, flush=True)
+    if server.failure is not None:
+        print(f"kvlab serve: {server.failure}", file=sys.stderr, flush=True)
+        return 1
     return 0

@@ -235,6 +235,7 @@ def _load_folder(folder: Path, name: str, dtype: str | None) -> Model:
     except (ValueError, FileNotFoundError, KeyError) as e:
         raise ModelNotFoundError(f"mlx-lm cannot load {folder}: {e}. {_HOW}") from e
     dtype = cast(model, dtype)
+    materialise(model)
     config = json.loads((folder / "config.json").read_text())
     manifest = read_manifest(folder)
     if manifest:
@@ -256,6 +257,14 @@ def cast(model, dtype: str | None) -> str:
     if dtype != stored:
         model.set_dtype(getattr(mx, dtype))
     return dtype
+
+
+def materialise(model) -> None:
+    """Evaluate every array the model holds, private ones included (a RoPE's ``_freqs`` is not a
+    parameter). MLX streams belong to the thread that made them: an array left lazy here cannot be
+    evaluated by mlx-lm's generation thread ("There is no Stream(cpu, 0) in current thread")."""
+    held = model.filter_and_map(lambda m, k, v: isinstance(v, (dict, list, mx.array)))
+    mx.eval([a for _, a in tree_flatten(held) if isinstance(a, mx.array)])
 
 
 def stored_dtype(model) -> str:

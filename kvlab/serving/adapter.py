@@ -115,6 +115,7 @@ class StoreAdapter(Attribution):
         self.budget_bytes = None if store is None else store.capabilities.budget_bytes
         self.core = PrefixCache(store, model, emit=self._emit)
         self._entries: dict[str, tuple[str, int]] = {}  # store entry -> (segment, bytes)
+        self.positionless = model.layout.kind_set <= {"recurrent"}
         self.peak_bytes = 0
 
     # -- mlx-lm's interface -----------------------------------------------------------------------
@@ -152,7 +153,10 @@ class StoreAdapter(Attribution):
             toks = self._tokens(ids)
             key = cache_key(toks)
             try:
-                snap = snapshot(prompt_cache, model=self.model)
+                # A recurrent-only cache (mamba2, rwkv7) does not say how many tokens it has run;
+                # mlx-lm's tokens are exactly what it ran (its BatchGenerator keeps them so, and
+                # the sequential path runs every yielded token before stopping).
+                snap = snapshot(prompt_cache, tokens=ids if self.positionless else None, model=self.model)
                 self.core.offer(rid, key, toks, snap, kind=KIND.get(cache_type, "prompt"), segment=cache_type)
             except Exception as e:  # noqa: BLE001
                 self._error(f"insert ({cache_type})", rid, e)

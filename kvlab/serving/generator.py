@@ -8,6 +8,12 @@ that paces ``BatchGenerator.next()`` (each step advances the event log's batch s
 ``KvlabModelProvider`` hands mlx-lm the kvlab model already loaded (same weights, same dtype,
 no second copy) instead of loading the folder again.
 
+If the generation thread dies (an exception out of mlx-lm's loop), every request it had taken
+gets a ``GenerationError`` naming the cause (the handler answers 500) and a new thread takes
+over; requests still queued are served by it. After ``MAX_DEATHS`` deaths with no request
+finishing in between, the generator gives up: queued and later requests get 503 with the cause
+and ``on_fatal(error)`` is called (``kvlab serve`` then exits non-zero).
+
 Example:
     >>> provider = KvlabModelProvider(cli_args(model), model)
     >>> gen = KvlabResponseGenerator(provider, adapter, ledger, events)
@@ -16,6 +22,9 @@ Example:
 from __future__ import annotations
 
 import argparse
+import logging
+import threading
+from queue import Empty
 
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
@@ -23,8 +32,10 @@ from mlx_lm.processors import load_processor
 from mlx_lm.server import (GenerationContext, ModelProvider, Response, ResponseGenerator,
                            TimeBudget)
 
-from ..errors import RequestError
+from ..errors import GenerationError, KvlabError, RequestError
 
+log = logging.getLogger("kvlab.serving")
+MAX_DEATHS = 3  # deaths in a row (no request finished in between) before the generator gives up
 DEFAULT_MODEL = "default_model"  # mlx-lm's name for the model given on its command line
 
 
@@ -77,21 +88,35 @@ class StepBudget(TimeBudget):
 
 class ObservedQueue:
     """A request's response queue as the generation thread sees it: every item is reported to
-    the ledger, then passed on unchanged."""
+    the ledger, then passed on. The GenerationContext is held back until the next item: mlx-lm
+    sends it before prefill (the sequential path even before its cache lookup), and the HTTP
+    thread answers 200 on receiving it, so a failure in prefill could no longer become a 5xx."""
 
-    def __init__(self, inner, rid, ledger, adapter, events):
+    def __init__(self, inner, rid, ledger, adapter, events, owner):
         self.inner, self.rid, self.ledger, self.adapter, self.events = inner, rid, ledger, adapter, events
+        self.owner, self.held = owner, None
+        owner.kv_open[id(self)] = self
 
     def put(self, item, *args, **kwargs):
         if isinstance(item, GenerationContext):
-            self.ledger.admitted(self.rid, item)
-        elif isinstance(item, Response):
+            self.held = item
+            return None
+        if isinstance(item, Exception):
+            self.held = None
+            self.owner.kv_open.pop(id(self), None)
+            self.ledger.done(self.rid, "error", f"{type(item).__name__}: {item}")
+            return self.inner.put(item, *args, **kwargs)
+        if self.held is not None:
+            ctx, self.held = self.held, None
+            self.ledger.admitted(self.rid, ctx)
+            self.inner.put(ctx)
+        if isinstance(item, Response):
             self.ledger.token(self.rid, item)
         elif item is None:
+            self.owner.kv_open.pop(id(self), None)
+            self.owner.kv_deaths = 0
             self.adapter.finishing(self.rid)  # mlx-lm's insert of prompt + output comes next
             self.ledger.done(self.rid, "ok")  # recorded before the client can see the end
-        elif isinstance(item, Exception):
-            self.ledger.done(self.rid, "error", f"{type(item).__name__}: {item}")
         return self.inner.put(item, *args, **kwargs)
 
     def __getattr__(self, name):
@@ -101,9 +126,15 @@ class ObservedQueue:
 class KvlabResponseGenerator(ResponseGenerator):
     """mlx-lm's ResponseGenerator over a kvlab prompt-cache adapter (see module docstring)."""
 
-    def __init__(self, provider, adapter, ledger, events):
+    def __init__(self, provider, adapter, ledger, events, on_fatal=None):
         self.kv_ledger, self.kv_events = ledger, events
         self.kv_context = provider.kv_model.context_length
+        # read by the generation thread as soon as super().__init__ starts it
+        self.kv_open: dict[int, ObservedQueue] = {}  # requests the generation thread has taken
+        self.kv_deaths = self.kv_restarts = 0
+        self.kv_failure: GenerationError | None = None
+        self.kv_on_fatal = on_fatal
+        self.kv_lock = threading.Lock()
         super().__init__(provider, adapter)
         # No request can reach the loop before the server starts listening, so the budget is
         # swapped before mlx-lm's thread first iterates it.
@@ -111,22 +142,80 @@ class KvlabResponseGenerator(ResponseGenerator):
 
     def _run_generate(self):
         try:
-            super()._run_generate()
+            self._generate()
+        except Exception as e:  # noqa: BLE001  every request must hear why, and serving goes on
+            self._died(e)
         finally:
             # MLX keeps a stream per thread; one left behind by a thread that ran compiled
             # kernels aborts the process at exit ("terminate called without an active exception")
-            mx.synchronize()
-            mx.clear_streams()
+            try:
+                mx.synchronize()
+            finally:
+                mx.clear_streams()
+
+    def _died(self, e: Exception) -> None:
+        cause = f"{type(e).__name__}: {e}"
+        log.error("kvlab serve: mlx-lm's generation thread died: %s", cause, exc_info=e)
+        self.kv_events.add("error", detail=f"generation thread died: {cause}")
+        for q in list(self.kv_open.values()):
+            q.put(GenerationError(f"generation failed: mlx-lm's generation thread died ({cause}); "
+                                  "the request was not completed, retry it", 500))
+        with self.kv_lock:
+            if self._stop:
+                return
+            self.kv_deaths += 1
+            if self.kv_deaths <= MAX_DEATHS:
+                self.kv_restarts += 1
+                self.kv_events.add("restart", detail=f"generation thread restarted after: {cause}")
+                self._generation_thread = threading.Thread(target=self._run_generate,
+                                                           name="kvlab-generation", daemon=False)
+                self._generation_thread.start()
+                return
+            self.kv_failure = GenerationError(
+                f"kvlab serve stopped generating: mlx-lm's generation thread died {self.kv_deaths} "
+                f"times in a row, last with {cause}; see the server log and restart it", 503)
+            self._generation_failed = True
+        while True:  # what is still queued will never be taken
+            try:
+                rqueue, request, _ = self.requests.get_nowait()
+            except Empty:
+                break
+            ObservedQueue(rqueue, getattr(request, "kvlab_rid", None), self.kv_ledger, self.prompt_cache,
+                          self.kv_events, self).put(self.kv_failure)
+        if self.kv_on_fatal is not None:
+            self.kv_on_fatal(self.kv_failure)
+
+    def stop_and_join(self):
+        self._stop = True
+        while True:
+            with self.kv_lock:
+                thread = self._generation_thread
+            thread.join()
+            with self.kv_lock:
+                if thread is self._generation_thread:
+                    return
 
     def generate(self, request, generation_args, progress_callback=None):
         # the handler reads these: kvlab's refusal (-> 400, not mlx-lm's 404) and the usage
         try:
+            if self.kv_failure is not None:
+                raise self.kv_failure
             ctx, response = super().generate(request, generation_args, progress_callback)
         except Exception as e:
-            request.kvlab_error = e
-            raise
+            request.kvlab_error = err = self.kv_error(e)
+            if err is e:
+                raise
+            raise err from e
         request.kvlab_prompt_tokens, request.kvlab_cached = len(ctx.prompt), ctx.prompt_cache_count
         return ctx, response
+
+    def kv_error(self, e: Exception) -> Exception:
+        """A kvlab error for what ended a request: its own, or a GenerationError with the cause."""
+        if isinstance(e, KvlabError):
+            return e
+        if self.kv_failure is not None:
+            return self.kv_failure
+        return GenerationError(f"generation failed: {type(e).__name__}: {e}", 500)
 
     def _next_request(self, timeout=None):
         item = super()._next_request(timeout)
@@ -134,11 +223,17 @@ class KvlabResponseGenerator(ResponseGenerator):
             return None
         rqueue, request, args = item
         rid = getattr(request, "kvlab_rid", None)
-        return ObservedQueue(rqueue, rid, self.kv_ledger, self.prompt_cache, self.kv_events), request, args
+        return ObservedQueue(rqueue, rid, self.kv_ledger, self.prompt_cache, self.kv_events, self), request, args
 
     def _tokenize(self, tokenizer, request, args):
         rid = getattr(request, "kvlab_rid", None)
-        out = super()._tokenize(tokenizer, request, args)
+        try:
+            out = super()._tokenize(tokenizer, request, args)
+        except KvlabError:
+            raise
+        except Exception as e:  # noqa: BLE001  the chat template refused what the client sent
+            raise RequestError(f"the request cannot be rendered by the model's chat template: "
+                               f"{type(e).__name__}: {e}") from e
         prompt, segments = out[0], out[1]
         if not prompt:
             raise RequestError("the request renders to an empty prompt; send at least one message "

@@ -8,6 +8,9 @@ kvlab.serving.anthropic), JSON 404s for unknown routes, a 400 for an empty or ma
 list, kvlab's normalisation of messages (``--normalise``) and a 400 instead of mlx-lm's 404 when a
 request is refused for what it asks (a prompt over the context). A request body is read once
 here, checked, possibly rewritten, and handed to mlx-lm's ``do_POST`` as if it came off the wire.
+A request that generation fails for (mlx-lm's thread died: kvlab.serving.generator) gets a 5xx
+with the cause as a JSON error, never a dropped connection: before its headers are out as its
+status, after them (a stream) as a final ``data: {"error": ...}`` event.
 
 Example:
     >>> handler_class = bind_handler(server)     # a subclass whose ``kv`` is the running server
@@ -24,7 +27,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from mlx_lm.server import APIHandler
 
-from ..errors import RequestError
+from ..errors import GenerationError, RequestError
 from . import anthropic
 
 log = logging.getLogger("kvlab.serving")
@@ -112,10 +115,37 @@ class KvlabHandler(APIHandler):
         return request
 
     # -- headers: kvlab's status for kvlab's refusals, deferred headers for /v1/messages -----------
+    def handle_completion(self, request, stop_words):
+        self.kv_headers_out = False
+        try:
+            return super().handle_completion(request, stop_words)
+        except (BrokenPipeError, ConnectionResetError):
+            raise  # the client left: nobody to answer
+        except Exception as e:  # noqa: BLE001  generation failed after mlx-lm said 200
+            self._failed(self.response_generator.kv_error(e))
+
+    def _failed(self, err: Exception) -> None:
+        status = err.status if isinstance(err, GenerationError) else 500
+        log.warning("kvlab serve: request %s failed: %s", self.kv_rid, err)
+        if self.kv_headers_out and self.kv_anthropic is None:
+            data = json.dumps(_error(str(err), "server_error") | {"status": status})
+            self.wfile.write(f"data: {data}\n\n".encode())
+            self.wfile.flush()
+            return
+        self._headers_buffer = []  # mlx-lm's 200 was buffered, never sent
+        self.kv_request.kvlab_error = err
+        self._set_completion_headers(status)
+        self.end_headers()
+        # the MessagesWriter reads mlx-lm's own error shape and answers in Anthropic's
+        body = {"error": str(err)} if self.kv_anthropic is not None else _error(str(err), "server_error")
+        self.wfile.write(json.dumps(body).encode())
+
     def _set_completion_headers(self, status_code: int = 200):
         err = getattr(self.kv_request, "kvlab_error", None) if getattr(self, "kv_request", None) else None
         if status_code == 404 and isinstance(err, RequestError):
             status_code = 400
+        elif status_code in (200, 404) and isinstance(err, GenerationError):
+            status_code = err.status
         if getattr(self, "kv_anthropic", None) is not None:
             self.kv_status = status_code
             return
@@ -130,6 +160,7 @@ class KvlabHandler(APIHandler):
     def end_headers(self):
         if getattr(self, "kv_anthropic", None) is not None and not getattr(self, "kv_sending", False):
             return  # the MessagesWriter sends Anthropic's headers itself
+        self.kv_headers_out = True
         super().end_headers()
 
     def kv_send_headers(self, code: int, headers) -> None:

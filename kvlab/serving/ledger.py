@@ -99,6 +99,8 @@ class Ledger:
             with self._lock:
                 self.failed += 1
             return None
+        if "reused" in info:  # the lookup's own count: mlx-lm's sequential path sets its ctx's later
+            r["reused"] = info["reused"]
         result = self._result(rid, r, info, end)
         rec = self._record(rid, r, info, result, status, end)
         with self._lock:

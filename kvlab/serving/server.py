@@ -89,6 +89,8 @@ class Server:
         self._conn_lock = threading.Lock()  # the handler registers its connections under it
         self._httpd = self._thread = self.generator = None
         self._stopped = threading.Event()
+        self._done = threading.Event()  # stopped, or generation failed for good
+        self.failure = None  # the GenerationError that ended generation for good
 
     def _adapter(self, store, budget_bytes, block_size, max_size):
         """The store behind the reuse core: by name exactly what ``kv.make_store(name)`` builds."""
@@ -121,7 +123,8 @@ class Server:
         args = cli_args(self.model, prompt_cache_bytes=None, **self._limits)
         args.allowed_origins = []  # no CORS: a web page must not drive a local server
         provider = KvlabModelProvider(args, self.model)
-        self.generator = KvlabResponseGenerator(provider, self.adapter, self.ledger, self.events_log)
+        self.generator = KvlabResponseGenerator(provider, self.adapter, self.ledger, self.events_log,
+                                                on_fatal=self._fatal)
         try:
             family = socket.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM,
                                         flags=socket.AI_PASSIVE)[0][0]
@@ -148,6 +151,7 @@ class Server:
         if self._httpd is None or self._stopped.is_set():
             return
         self._stopped.set()
+        self._done.set()
         self._httpd.shutdown()
         self.generator.stop_and_join()
         with self._conn_lock:
@@ -166,8 +170,14 @@ class Server:
             self.recorder.close()
 
     def wait(self) -> None:
-        """Block until :meth:`stop` is called (the CLI's foreground mode)."""
-        self._stopped.wait()
+        """Block until :meth:`stop` is called or generation fails for good (``failure`` says why;
+        the CLI's foreground mode then stops and exits non-zero)."""
+        self._done.wait()
+
+    def _fatal(self, error) -> None:
+        log.error("kvlab serve: %s", error)
+        self.failure = error
+        self._done.set()
 
     def __enter__(self) -> "Server":
         return self.start()
@@ -213,7 +223,9 @@ class Server:
                 "adapter_reused_tokens": a.reused_tokens, "adapter_errors": a.errors,
                 "by_type": a.stats_by_type(), "step": self.events_log.step,
                 "events": self.events_log.next_seq, "normalise": self.normalise,
-                "model": self.model.name, "url": self.url}
+                "model": self.model.name, "url": self.url,
+                "generation_restarts": self.generator.kv_restarts if self.generator else 0,
+                "failure": None if self.failure is None else str(self.failure)}
 
     def invariants(self) -> dict:
         """The store's invariants (see StoreAdapter.invariants) plus no request left running."""
