@@ -6,7 +6,7 @@ prefix of it and at most n - 1 tokens long, then takes its own checkpoints past 
 over token ids.
 
 Mutants caught (each checked by breaking the code): ``log_spaced`` stepping linearly; ``every:N``
-starting at 0 or reaching n; ``tail`` counting from n - 1; ``last_message`` taking the last message's
+reaching n; ``tail`` counting from n - 1; ``last_message`` taking the last message's
 end; the cost-aware policy trusting a first sighting (its first positions) or forgetting what it
 declined (no "waits" reason); ``plan_optimal`` crediting only the first request a checkpoint serves,
 or taking the lowest gain per byte first; a parse that accepts ``every:0``."""
