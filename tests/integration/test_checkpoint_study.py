@@ -4,7 +4,7 @@ Engine reusing exactly what it planned with the bytes it planned, and a policy t
 repeated sighting saying so in the request's reasons.
 
 Mutants caught (each checked by breaking the code): the study's store keeping the final insert
-(``none`` reuses); a restored checkpoint past the divergence (logit diff > 1e-4); ``StateBytes.of``
+(``none`` reuses); ``StateBytes.of``
 missing the recurrent state (the optimum's bytes differ from the store's); the Engine dropping the
 policy's "waits" reason from ``Result.why``."""
 
