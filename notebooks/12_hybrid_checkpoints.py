@@ -178,8 +178,8 @@ for policy in [p for p in policies if p != "none"]:
     worst = mine.row(0, named=True)
     share = mine["reused_tokens"].sum() / mine["reachable_tokens"].sum()
     where = (f"it loses most on {worst['family']} {worst['workload']}: {worst['gap_to_optimal']:.0f} "
-             f"tokens behind the optimum at its {worst['bytes_held'] / 1024:.0f} KiB, and "
-             f"{worst['detail']}" if worst["gap_to_optimal"] > 0 else "it is level with the optimum everywhere")
+             f"tokens behind the optimum at its {worst['bytes_held'] / 1024:.0f} KiB ({worst['detail']})"
+             if worst["gap_to_optimal"] > 0 else "it is level with the optimum everywhere")
     parts.append(f"**{policy}** reused {share:.1%} of the reachable tokens at "
                  f"{mine['bytes_held'].mean() / 1024:.0f} KiB on average; {where}.")
 target = (wide.filter((pl.col("policy") == "cost_aware") & (pl.col("family") == (agentic_family or families[0])))

@@ -118,8 +118,9 @@ def run_policy(model, requests, policy, *, cost, budget: int | None = None, veri
                     "prefill_s_saved": float(cost.predict(0, n) - cost.predict(hit, n - hit)),
                     "ttft_s": r.ttft_s, "checkpoints_taken": r.checkpoints, "why": r.why})
     worst = max(per, key=lambda p: p["lost_tokens"])
-    where = (f"loses most on {worst['request']} ({worst['lost_tokens']} tokens, "
-             f"{worst['miss_reason'] or 'no reason'})" if worst["lost_tokens"] else "loses nothing reachable")
+    lost = worst["lost_tokens"]
+    where = (f"worst request {worst['request']}: {lost} token{'s' if lost != 1 else ''} lost "
+             f"({worst['miss_reason'] or 'no reason'})" if lost else "no reachable token lost")
     row = {"policy": spec, "reused_tokens": sum(p["reused_tokens"] for p in per),
            "prompt_tokens": sum(p["prompt_tokens"] for p in per), "reachable_tokens": sum(reach),
            "bytes_held": store.nbytes, "checkpoints": store.entries,

@@ -45,6 +45,10 @@ def test_cli_json_on_multi_turn(capsys, qwen3_5):
     assert rows["message_ends"]["reused_tokens"] == 109 + 192 + 264
     assert rows["message_ends"]["reachable_tokens"] == 109 + 192 + 264
     assert rows["message_ends"]["prefill_s_saved"] > 0
+    assert rows["message_ends"]["where_lost"] == "no reachable token lost"
+    # mlx-engine's tail restores 11 tokens short of the last prompt: 10 of its reachable n - 1
+    assert rows["tail:11"]["reused_tokens"] == 109 + 192 + 264 - 3 * 10
+    assert rows["tail:11"]["where_lost"] == "worst request turn-2: 10 tokens lost (first_seen)"
     # the optimum gets the bytes cost_aware held and holds only what later turns reuse
     assert rows["optimal"]["bytes_held"] <= rows["cost_aware"]["bytes_held"]
     assert rows["optimal"]["reused_tokens"] == 109 + 192 + 264
