@@ -55,7 +55,7 @@ _SUBMODULES = {
     "tokens": "primitives.tokens", "blocks": "primitives.blocks",
     "traces": "experiments.traces", "runner": "experiments.runner", "grid": "experiments.grid",
     "cost": "experiments.cost", "replay": "experiments.replay", "simulator": "sim.simulator",
-    "snapshots": "primitives.snapshots", "errors": "errors",
+    "snapshots": "primitives.snapshots", "errors": "errors", "checkpoints": "checkpoints",
 }
 
 _ERRORS = {"BlockSizeError", "BoundaryError", "BudgetError", "ImageError", "KvlabError",

@@ -18,7 +18,7 @@ import polars as pl
 from mlx_lm.generate import generate_step
 
 from . import _blas
-from .checkpoints import check_policy, positions
+from .checkpoints import parse_policy
 from .errors import KvlabError, RequestError
 from .keys import CacheKey, cache_key
 from .policies.reasons import ALL_REASONS
@@ -64,8 +64,10 @@ class Engine:
     format (float, other bits) found in the store raises SnapshotError instead of being reused.
     ``verify`` compares with a cold run under the same settings: its diff is what reuse adds.
     ``checkpoints`` names where to snapshot a prompt while prefilling it (``kvlab.checkpoints``:
-    ``message_ends``, ``segment_ends`` as mlx-lm's server, ``none``; True/False for the first and
-    the last); by default ``message_ends`` for caches that cannot be cut back, else ``none``.
+    a spec such as ``message_ends``, ``segment_ends`` as mlx-lm's server, ``every:256``, ``none``,
+    or a policy object; True/False for the first and ``none``); by default ``message_ends`` for
+    caches that cannot be cut back, else ``none``. A policy that declined a checkpoint a request
+    needed says so in the request's ``why``.
     Every lookup, restore and insert goes through the reuse core (``kvlab.reuse``), the same one
     kvlab's server runs.
     """
@@ -94,8 +96,8 @@ class Engine:
             checkpoints = not model.layout.restores_anywhere
         if isinstance(checkpoints, bool):
             checkpoints = "message_ends" if checkpoints else "none"
-        self.checkpoint_policy = check_policy(checkpoints)
-        self.checkpoints = self.checkpoint_policy != "none"
+        self.checkpoint_policy = parse_policy(checkpoints).for_model(model)
+        self.checkpoints = self.checkpoint_policy.name != "none"
         self.core = PrefixCache(store, model, kv=self._kv, emit=self._event)
         self.results: list[Result] = []
         self._events: list[dict] = []
@@ -150,6 +152,7 @@ class Engine:
         drift = self._drift(toks)
         start = time.perf_counter()
         found = self.core.lookup(rid, key, toks, limit=len(ids) - 1)
+        waited = self.checkpoint_policy.why_missed(toks, found.reused) if self.store is not None else ""
 
         t = time.perf_counter()
         logits, cache, checkpoints = self._prefill(rid, toks, found.reused, found.cache, key)
@@ -180,7 +183,8 @@ class Engine:
             prefill_s=prefill_s, decode_s=decode_s, output_ids=tuple(out),
             text=self.model.tokenizer.decode(list(out)),
             store_bytes=self.store.nbytes if self.store is not None else 0,
-            evictions=sum(ev.capacity for ev in events), verify_diff=verify_diff, why=found.why,
+            evictions=sum(ev.capacity for ev in events), verify_diff=verify_diff,
+            why="; ".join(w for w in (found.why, waited) if w),
             drift_index=drift, entry_tokens=found.match.entry_tokens, checkpoints=checkpoints,
             prompt_ids=ids, miss_reasons=found.missed.reasons, diverged_at=found.missed.diverged_at,
             evicted_by=found.missed.evicted_by)
@@ -201,7 +205,7 @@ class Engine:
         snapshot was taken."""
         ids, bounds = toks.ids, ()
         if self.checkpoints and self.store is not None:
-            bounds = positions(self.checkpoint_policy, toks, self.model.tokenizer)
+            bounds = self.checkpoint_policy.positions(toks, self.model.tokenizer)
             every = self.store.capabilities.checkpoint_every  # a store keeping recurrent state at block ends
             if every and "recurrent" in self.model.layout.kind_set:
                 bounds = sorted(set(bounds) | set(range(every, len(ids), every)))

@@ -15,12 +15,12 @@ import argparse
 import sys
 
 from ..errors import KvlabError
-from . import bench, conformance, loadgen, notebooks, serving, setup, simulate
+from . import bench, checkpoints, conformance, loadgen, notebooks, serving, setup, simulate
 
 __all__ = ["COMMANDS", "build_parser", "main"]
 
 # the command groups, in the order `kvlab --help` lists them
-COMMANDS = (setup, bench, simulate, conformance, notebooks, serving, loadgen)
+COMMANDS = (setup, bench, simulate, notebooks, serving, loadgen, checkpoints, conformance)
 # old command names kept for one release: old -> new
 RENAMED = {"load": "loadgen", "run": "execute"}
 
