@@ -108,7 +108,8 @@ class PrefixCache:
             why = "a one-token prompt has nothing to reuse: its last token is always recomputed"
         else:
             match = self.store.lookup(key, tokens, limit=limit)
-            why = match.why
+            # a store that cannot hold this model's cache misses for that reason, not for its own
+            why = self.store_refuses if self.store_refuses and not match.tokens else match.why
         lookup_s = time.perf_counter() - start
         self.emit(request, "lookup", len(key.ids), 0, None, match.kind)
         t = time.perf_counter()

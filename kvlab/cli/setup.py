@@ -8,7 +8,7 @@ def register(sub) -> None:
     s.set_defaults(func=prepare)
 
     s = sub.add_parser("demo", help="a short report on the embedded model")
-    s.add_argument("--model", default="smollm2", help="smollm2 (default), tiny, or a folder")
+    s.add_argument("--model", default="smollm2", help="smollm2 (default), tiny, tiny:<model_type> (any cache family), or a folder")
     s.set_defaults(func=demo)
 
 

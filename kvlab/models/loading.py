@@ -34,14 +34,15 @@ from ..primitives.display import table_html  # noqa: E402
 from ..primitives.layout import CacheLayout  # noqa: E402
 from ..primitives.tokens import Tokens, check_ids, tokenise_text, vocab_limit  # noqa: E402
 # qwen_tokenizer(_dir) and tiny_config stay importable from here
-from .families import ensure_family, is_family_name  # noqa: E402
+from .families import MODEL_TYPES, PREFIX, ensure_family, is_family_name  # noqa: E402
 from .tiny import ensure_tiny, qwen_tokenizer, qwen_tokenizer_dir, tiny_config  # noqa: E402,F401
 
 DTYPES = ("float16", "bfloat16", "float32")
 NAMES = ("smollm2", "tiny", "tiny-hybrid")
 _HOW = ("pass a local mlx-lm model folder (config.json + *.safetensors, e.g. one made by "
         "`mlx_lm.convert`) or one of the known names: " + ", ".join(NAMES) +
-        "; kvlab never downloads models")
+        ", tiny:<model_type> (a tiny model of any cache family: " +
+        ", ".join(PREFIX + t for t in MODEL_TYPES) + "); kvlab never downloads models")
 
 
 def default_dtype() -> str:
