@@ -33,6 +33,7 @@ from mlx_lm.server import (GenerationContext, ModelProvider, Response, ResponseG
                            TimeBudget)
 
 from ..errors import GenerationError, KvlabError, RequestError
+from .checkpointing import request_tokens
 
 log = logging.getLogger("kvlab.serving")
 MAX_DEATHS = 3  # deaths in a row (no request finished in between) before the generator gives up
@@ -126,8 +127,9 @@ class ObservedQueue:
 class KvlabResponseGenerator(ResponseGenerator):
     """mlx-lm's ResponseGenerator over a kvlab prompt-cache adapter (see module docstring)."""
 
-    def __init__(self, provider, adapter, ledger, events, on_fatal=None):
+    def __init__(self, provider, adapter, ledger, events, on_fatal=None, checkpoints=None):
         self.kv_ledger, self.kv_events = ledger, events
+        self.kv_checkpoints = checkpoints  # a ServedCheckpoints: where prefill stops to snapshot
         self.kv_context = provider.kv_model.context_length
         # read by the generation thread as soon as super().__init__ starts it
         self.kv_open: dict[int, ObservedQueue] = {}  # requests the generation thread has taken
@@ -242,6 +244,11 @@ class KvlabResponseGenerator(ResponseGenerator):
             raise RequestError(f"prompt of {len(prompt)} tokens + max_tokens {args.max_tokens} exceeds "
                                f"the model's context of {self.kv_context} tokens; shorten the prompt "
                                "or lower max_tokens")
+        plan = self.kv_checkpoints
+        if plan is not None and not plan.is_mlx_default:
+            toks = request_tokens(plan.model, request, prompt)
+            segments, types = plan.split(toks, prompt, segments, out[2])
+            out = (prompt, segments, types, *out[3:])
         self.kv_ledger.tokenized(rid, prompt)
         self.prompt_cache.begin(rid, prompt, segments)
         return out
