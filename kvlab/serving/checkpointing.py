@@ -7,7 +7,9 @@ but the last. So a checkpoint policy needs no second prefill loop: ``ServedCheck
 recuts the prompt at the positions the policy names, plus the block ends of a store that keeps
 recurrent state there (``Capabilities.checkpoint_every``), the same positions ``kv.Engine`` uses
 for the same request (``Engine._prefill``). ``segment_ends`` with no block ends is mlx-lm's own cut
-and is left exactly as mlx-lm made it.
+and is left exactly as mlx-lm made it. mlx-lm's sequential path (a cache without ``merge``: chunked
+attention, quantized KV; requests with images) prefills in one piece and inserts only prompt +
+output, whatever the policy: there the served path takes no checkpoints.
 
 Example:
     >>> plan = ServedCheckpoints("message_ends", model, store)

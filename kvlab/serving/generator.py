@@ -2,8 +2,9 @@
 
 ``KvlabResponseGenerator`` runs mlx-lm's own batching loop unchanged and observes it at three
 seams mlx-lm already has: ``_tokenize`` (which request is about to be looked up; its prompt is
-checked against the model's context), ``_next_request`` (each request's response queue is wrapped
-so its context, tokens and end are seen on the generation thread, in order) and the time budget
+checked against the model's context, and its segments are recut where the ``--checkpoints``
+policy snapshots: ``kvlab.serving.checkpointing``), ``_next_request`` (each request's response
+queue is wrapped so its context, tokens and end are seen on the generation thread, in order) and the time budget
 that paces ``BatchGenerator.next()`` (each step advances the event log's batch step).
 ``KvlabModelProvider`` hands mlx-lm the kvlab model already loaded (same weights, same dtype,
 no second copy) instead of loading the folder again.
