@@ -12,6 +12,9 @@ Mutants checked by hand (each makes a test here fail):
 - split giving no segment types (mlx-lm then inserts at no cut): every later turn reuses 0;
 - ServedCheckpoints without the store's checkpoint_every block ends: the paged store reuses 0;
 - cuts one token late (``a + 1``): the engine's and the served reuse differ;
+- the adapter not counting the paged store's checkpoint/window events: its bytes no longer match
+  the store's (invariants fail on the paged test);
+- the system segment typed ``user``; segment_ends recut although mlx-lm's cut is already it;
 - `kvlab serve` parsing --checkpoints with no type check: a bad spec ends in a traceback, exit 1.
 """
 
@@ -137,3 +140,39 @@ def test_bad_policy_is_a_usage_error(spec):
     assert r.returncode == 2, r.stderr
     assert "argument --checkpoints: " in r.stderr and "Traceback" not in r.stderr, r.stderr
     assert ("plan_optimal" if spec == "optimal" else f"checkpoint policy {spec!r}") in r.stderr, r.stderr
+
+
+def test_split_recuts_mlx_lm_segments_at_the_policy_positions():
+    """Model-free: the segments mlx-lm is handed. Mutants: a cut one token late, or the system
+    segment typed ``user``, or segment_ends recut on a store without block ends (not mlx-lm's
+    own list any more) each fail here."""
+    from types import SimpleNamespace
+
+    from kvlab.primitives.tokens import Span, Tokens
+    from kvlab.serving.checkpointing import ServedCheckpoints
+
+    def store(every=None):
+        return SimpleNamespace(capabilities=SimpleNamespace(checkpoint_every=every))
+
+    hybrid_model = SimpleNamespace(layout=SimpleNamespace(kind_set={"full", "recurrent"}), tokenizer=None)
+    ids = tuple(range(100, 140))  # 40 tokens: system 0-12, user 12-30, generation prompt 30-40
+    toks = Tokens(ids, "", (Span(0, "system", 0, 12, 0, 0), Span(1, "user", 12, 30, 0, 0)))
+    mlx_segments, mlx_types = [list(ids[:12]), list(ids[12:])], ["system", "user"]
+
+    default = ServedCheckpoints("segment_ends", hybrid_model, store())
+    segments, types = default.split(toks, list(ids), mlx_segments, mlx_types)
+    assert segments is mlx_segments and types is mlx_types  # mlx-lm's own cut, untouched
+
+    plan = ServedCheckpoints("message_ends", hybrid_model, store())
+    assert plan.positions(toks) == (12, 30, 39)
+    segments, types = plan.split(toks, list(ids), mlx_segments, mlx_types)
+    assert [len(s) for s in segments] == [12, 18, 9, 1] and sum(segments, []) == list(ids)
+    assert types == ["system", "user", "user"]  # one a cut: no insert past n - 1
+
+    paged = ServedCheckpoints("segment_ends", hybrid_model, store(every=16))
+    assert not paged.is_mlx_default
+    toks_seg = Tokens(ids, "", toks.spans)  # no messages: segment_ends cuts at n - 1 only
+    assert paged.positions(toks_seg) == (16, 32, 39)
+
+    none = ServedCheckpoints("none", hybrid_model, store(every=16))
+    assert none.positions(toks) == () and none.split(toks, list(ids), mlx_segments, mlx_types) == ([list(ids)], [])
