@@ -22,7 +22,8 @@ from dataclasses import replace
 
 from .. import _blas
 from ..errors import KvlabError
-from . import blas, exp, hashing, memory, policies, quantization, serving, simulator, snapshot, tiers, ttft
+from . import (blas, exp, hashing, memory, policies, quantization, served_checkpoints, serving, simulator,
+               snapshot, tiers, ttft)
 from .settings import Settings
 from .table import Table, median_range, ms, spread
 
@@ -40,6 +41,7 @@ REGISTRY = {
     "quantization": quantization,
     "policies": policies,
     "serving": serving,
+    "served_checkpoints": served_checkpoints,
     "tiers": tiers,
 }
 SECTIONS = tuple(REGISTRY)

@@ -29,7 +29,24 @@ def register(sub) -> None:
                    "quarter of the free disk)")
     s.add_argument("--block-size", type=int, default=16, help="paged store block size / recorded hash blocks")
     s.add_argument("--max-tokens", type=int, default=512, help="default tokens to generate per request")
+    s.add_argument("--checkpoints", type=_policy, default="segment_ends", metavar="POLICY",
+                   help="where prefill stops to snapshot a prompt (caches that cannot be cut back are "
+                   "reusable only there): segment_ends (default, mlx-lm's server), message_ends, "
+                   "tail:N, every:N, last_message, log_spaced, cost_aware, none")
     s.set_defaults(func=serve)
+
+
+def _policy(spec: str) -> str:
+    import argparse
+
+    from ..checkpoints import parse_policy
+    from ..errors import KvlabError
+
+    try:
+        parse_policy(spec)
+    except KvlabError as e:  # argparse prints it with the usage and exits 2
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return spec
 
 
 def serve(args) -> int:
@@ -38,7 +55,7 @@ def serve(args) -> int:
     server = Server(args.model, args.store, budget=args.budget, host=args.host, port=args.port,
                     record=args.record, record_text=args.record_text, normalise=args.normalise,
                     api_key=args.api_key, block_size=args.block_size, max_tokens=args.max_tokens,
-                    disk=args.disk, disk_budget=args.disk_budget)
+                    disk=args.disk, disk_budget=args.disk_budget, checkpoints=args.checkpoints)
     server.start()
 
     def stop(signum, frame):
@@ -47,7 +64,7 @@ def serve(args) -> int:
     previous = signal.signal(signal.SIGTERM, stop)
     budget = server.budget_bytes if server.budget_bytes is not None else "unbounded"
     print(f"kvlab serve: {server.url} · model {server.model.name} · store {server.store_name} · "
-          f"budget {budget} B{' · normalise' if server.normalise else ''}"
+          f"budget {budget} B · checkpoints {server.checkpoints!r}{' · normalise' if server.normalise else ''}"
           f"{' · recording ' + str(args.record) if args.record else ''}"
           f"{' · disk tier ' + str(args.disk) if args.disk else ''} · Ctrl-C to stop", flush=True)
     try:

@@ -38,6 +38,8 @@ from .events import ServerEvents
 SEGMENTS = ("assistant", "user", "system")  # mlx-lm's cache types, in its eviction order
 KIND = {"system": "system", "user": "prompt", "assistant": "prompt+output"}  # kvlab insert kinds
 ADDS, REMOVES = ("insert", "block_stored"), ("evict", "block_removed")
+# the paged store's recurrent checkpoints and window KV, counted on the block they belong to
+PARTS = {"checkpoint_stored": 1, "window_stored": 1, "checkpoint_removed": -1, "window_released": -1}
 log = logging.getLogger("kvlab.serving")
 
 
@@ -204,6 +206,9 @@ class StoreAdapter(Attribution):
                 self._entries[str(ev.entry)] = (segment or "user", ev.nbytes)
             elif ev.event in REMOVES:
                 self._entries.pop(str(ev.entry), None)
+            elif ev.event in PARTS:
+                seg, held = self._entries.get(str(ev.entry), (segment or "user", 0))
+                self._entries[str(ev.entry)] = (seg, held + PARTS[ev.event] * ev.nbytes)
             if ev.capacity:
                 self.count_eviction(rid)
         if self.store is not None:

@@ -2,8 +2,9 @@
 
 ``KvlabResponseGenerator`` runs mlx-lm's own batching loop unchanged and observes it at three
 seams mlx-lm already has: ``_tokenize`` (which request is about to be looked up; its prompt is
-checked against the model's context), ``_next_request`` (each request's response queue is wrapped
-so its context, tokens and end are seen on the generation thread, in order) and the time budget
+checked against the model's context, and its segments are recut where the ``--checkpoints``
+policy snapshots: ``kvlab.serving.checkpointing``), ``_next_request`` (each request's response
+queue is wrapped so its context, tokens and end are seen on the generation thread, in order) and the time budget
 that paces ``BatchGenerator.next()`` (each step advances the event log's batch step).
 ``KvlabModelProvider`` hands mlx-lm the kvlab model already loaded (same weights, same dtype,
 no second copy) instead of loading the folder again.
@@ -33,6 +34,7 @@ from mlx_lm.server import (GenerationContext, ModelProvider, Response, ResponseG
                            TimeBudget)
 
 from ..errors import GenerationError, KvlabError, RequestError
+from .checkpointing import request_tokens
 
 log = logging.getLogger("kvlab.serving")
 MAX_DEATHS = 3  # deaths in a row (no request finished in between) before the generator gives up
@@ -126,8 +128,9 @@ class ObservedQueue:
 class KvlabResponseGenerator(ResponseGenerator):
     """mlx-lm's ResponseGenerator over a kvlab prompt-cache adapter (see module docstring)."""
 
-    def __init__(self, provider, adapter, ledger, events, on_fatal=None):
+    def __init__(self, provider, adapter, ledger, events, on_fatal=None, checkpoints=None):
         self.kv_ledger, self.kv_events = ledger, events
+        self.kv_checkpoints = checkpoints  # a ServedCheckpoints: where prefill stops to snapshot
         self.kv_context = provider.kv_model.context_length
         # read by the generation thread as soon as super().__init__ starts it
         self.kv_open: dict[int, ObservedQueue] = {}  # requests the generation thread has taken
@@ -242,6 +245,11 @@ class KvlabResponseGenerator(ResponseGenerator):
             raise RequestError(f"prompt of {len(prompt)} tokens + max_tokens {args.max_tokens} exceeds "
                                f"the model's context of {self.kv_context} tokens; shorten the prompt "
                                "or lower max_tokens")
+        plan = self.kv_checkpoints
+        if plan is not None and not plan.is_mlx_default:
+            toks = request_tokens(plan.model, request, prompt)
+            segments, types = plan.split(toks, prompt, segments, out[2])
+            out = (prompt, segments, types, *out[3:])
         self.kv_ledger.tokenized(rid, prompt)
         self.prompt_cache.begin(rid, prompt, segments)
         return out

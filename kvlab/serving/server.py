@@ -33,6 +33,7 @@ from ..errors import KvlabError
 from ..primitives.display import summary_html, table_html
 from ..primitives.units import fmt_bytes, parse_bytes
 from .adapter import StoreAdapter
+from .checkpointing import ServedCheckpoints
 from .events import ServerEvents
 from .generator import KvlabModelProvider, KvlabResponseGenerator, cli_args
 from .handler import bind_handler
@@ -64,8 +65,11 @@ class Server:
                  port: int = 0, record=None, record_text: bool = False, normalise: bool = False,
                  api_key: str | None = None, block_size: int = 16, max_size: int = 10,
                  max_tokens: int = 512, decode_concurrency: int = 32, prompt_concurrency: int = 8,
-                 disk=None, disk_budget=None):
+                 disk=None, disk_budget=None, checkpoints="segment_ends"):
+        from ..checkpoints import parse_policy
         from ..models.loading import Model, load
+
+        parse_policy(checkpoints)  # a bad spec fails before a model is loaded
 
         self.model = model if isinstance(model, Model) else load(model)
         self.host, self.port = host, int(port)
@@ -78,6 +82,7 @@ class Server:
             budget_bytes = None
         self.store_name, self.adapter = self._adapter(store, budget_bytes, block_size, max_size)
         self.budget_bytes = self.adapter.budget_bytes
+        self.checkpoints = ServedCheckpoints(checkpoints, self.model, self.adapter.store)
         self.recorder = Recorder(record, record_text=record_text, block_size=block_size) if record else None
         meta = {"store": self.store_name, "budget_bytes": self.budget_bytes, "model": self.model.name,
                 "fingerprint": self.model.fingerprint}
@@ -124,7 +129,7 @@ class Server:
         args.allowed_origins = []  # no CORS: a web page must not drive a local server
         provider = KvlabModelProvider(args, self.model)
         self.generator = KvlabResponseGenerator(provider, self.adapter, self.ledger, self.events_log,
-                                                on_fatal=self._fatal)
+                                                on_fatal=self._fatal, checkpoints=self.checkpoints)
         try:
             family = socket.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM,
                                         flags=socket.AI_PASSIVE)[0][0]
@@ -218,7 +223,7 @@ class Server:
         """Both hit rates (named), the store's bytes and entries, the adapter's counters."""
         a = self.adapter
         return {**self.ledger.stats(), "running": len(self.ledger.inflight), "store": self.store_name,
-                "budget_bytes": self.budget_bytes, "bytes": a.nbytes, "entries": len(a),
+                "budget_bytes": self.budget_bytes, "checkpoints": self.checkpoints.spec, "bytes": a.nbytes, "entries": len(a),
                 "peak_bytes": a.peak_bytes, "lookups": a.lookups, "hits": a.hits,
                 "adapter_reused_tokens": a.reused_tokens, "adapter_errors": a.errors,
                 "by_type": a.stats_by_type(), "step": self.events_log.step,
@@ -257,7 +262,8 @@ def serve(model="tiny", store="radix", **kwargs) -> Server:
     Keywords: ``budget`` ("1GiB" or bytes), ``host`` (127.0.0.1), ``port`` (0: free),
     ``record`` (JSONL path), ``record_text``, ``normalise``, ``api_key``, ``block_size``
     (paged store and recorded kvlab hash ids), ``max_size`` (mlx-lru entries), ``max_tokens``
-    (default per request), ``decode_concurrency``, ``prompt_concurrency``.
+    (default per request), ``decode_concurrency``, ``prompt_concurrency``, ``checkpoints`` (where
+    prefill stops to snapshot: a ``kvlab.checkpoints`` spec; default ``segment_ends``, mlx-lm's).
 
     Example:
         >>> with kv.serve("tiny", "paged", budget="64MiB") as server:

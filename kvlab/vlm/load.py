@@ -17,7 +17,7 @@ _blas.load_fast_blas()  # before mlx.core
 
 from ..errors import KvlabError, ModelNotFoundError, VLMUnavailableError  # noqa: E402
 from ..models.folders import TOKENIZER_FILES, digest_files, read_manifest, sha256_json  # noqa: E402
-from ..models.loading import DTYPES, cast, context_length_of  # noqa: E402
+from ..models.loading import DTYPES, cast, context_length_of, materialise  # noqa: E402
 from .build import PROCESSOR_FILES, ensure_tiny_vlm  # noqa: E402
 from .model import VLModel  # noqa: E402
 
@@ -79,6 +79,7 @@ def load_folder(folder: Path, name: str, dtype: str | None) -> VLModel:
     except (ValueError, FileNotFoundError, KeyError, OSError) as e:
         raise ModelNotFoundError(f"mlx-vlm cannot load {folder}: {e}. {HOW}") from e
     dtype = cast(model, dtype)
+    materialise(model)  # served from mlx-lm's generation thread: nothing may stay lazy here
     hf = processor.tokenizer
     if not getattr(hf, "chat_template", None):
         raise ModelNotFoundError(f"{folder} has no chat template (chat_template.json or "

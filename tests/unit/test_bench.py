@@ -27,7 +27,7 @@ def test_table_markdown_and_html():
 
 def test_registry_order_and_sections():
     assert bench.SECTIONS == ("blas", "ttft", "snapshot", "memory", "hashing", "simulator", "exp", "quantization",
-                              "policies", "serving", "tiers")
+                              "policies", "serving", "served_checkpoints", "tiers")
     for name, section in bench.REGISTRY.items():
         assert isinstance(section.NEEDS_MODEL, bool) and callable(section.table), name
     assert [n for n, s in bench.REGISTRY.items() if s.NEEDS_MODEL] == ["ttft", "snapshot", "memory", "quantization",
@@ -205,6 +205,29 @@ def test_replace_marked():
     for bad in ("no markers", f"{summary.START}{summary.START}{summary.END}", f"{summary.END}{summary.START}"):
         with pytest.raises(KvlabError, match="needs exactly one"):
             summary.replace_marked(bad, "x")
+
+
+def test_served_checkpoints_table_shape_and_units():
+    """The served checkpoint-policy section's table from fake runs (no model, no server): one row
+    per policy, the common budget, bytes in binary units, ratios to mlx-lm's segment_ends.
+    Mutant: ratios taken against the row itself (every ratio 1.00x) fails the message_ends row."""
+    from kvlab.bench import served_checkpoints as sc
+    from kvlab.primitives.units import fmt_bytes
+
+    def run(reused, ttft, peak):
+        return {"reused_tokens": reused, "token_hit_rate": reused / 4000, "ttft_ms_p50": ttft,
+                "ttft_ms_p99": 2 * ttft, "peak_bytes": peak}
+
+    runs = {"segment_ends": [run(2000, 300.0, 4 << 20), run(2000, 320.0, 4 << 20), run(2000, 310.0, 4 << 20)],
+            "message_ends": [run(3000, 240.0, 4 << 20), run(3000, 250.0, 4 << 20), run(2900, 260.0, 3 << 20)]}
+    t = sc._table(runs, 4 << 20, 3, "tiny:qwen3_5", sc.LOAD, fmt_bytes)
+    assert t.columns == sc.COLUMNS and len(t.rows) == 2
+    assert t.rows[0] == ("segment_ends", "4.0 MiB", "2000 (2000-2000)", "50.0%", "310 (300-320)", "620",
+                         "4.0 MiB", "1.00x", "1.00x")
+    assert t.rows[1] == ("message_ends", "4.0 MiB", "3000 (2900-3000)", "75.0%", "250 (240-260)", "500",
+                         "4.0 MiB", "1.50x", "0.81x")
+    assert t.values["budget_bytes"] == 4 << 20 and t.values["runs"]["message_ends"]["reused_tokens"] == 3000
+    assert "(4194304 B)" in t.notes and "--repeats 3" in t.command
 
 
 def test_unknown_section_is_a_kvlab_error(capsys):
