@@ -163,17 +163,22 @@ def ids_of(tokens):
 def restore(snap: Snapshot) -> list:
     """Fresh mlx-lm cache objects holding the snapshot; use with ``kv.prefill`` or
     ``mlx_lm.stream_generate(prompt_cache=...)``. The snapshot is never written to."""
-    out = []
-    for layer in snap.layers:
-        cls = getattr(mlx_cache, layer.kind, None)
-        if cls is None:
-            raise SnapshotError(f"unknown mlx-lm cache class {layer.kind!r}; this mlx-lm is too old")
-        state = _to_live(layer.state)
-        if issubclass(cls, mlx_cache.ArraysCache):
-            state = (list(state[0]), state[1], state[2])
-        empty = layer.kind == "KVCache" and state[0] is None
-        out.append(mlx_cache.KVCache() if empty else cls.from_state(state))
-    return out
+    return [_live_cache(layer.kind, layer.state) for layer in snap.layers]
+
+
+def _live_cache(kind: str, state):
+    cls = getattr(mlx_cache, kind, None)
+    if cls is None:
+        raise SnapshotError(f"unknown mlx-lm cache class {kind!r}; this mlx-lm is too old")
+    if cls is mlx_cache.CacheList:  # built part by part: mlx-lm's own setter keeps a part's state as given
+        return mlx_cache.CacheList(*(_live_cache(part_kind, part) for part, part_kind in state))
+    state = _to_live(state)
+    if issubclass(cls, mlx_cache.ArraysCache):
+        # mlx-lm writes into ArraysCache.cache in place: a list of its own, whatever was stored
+        state = (list(state[0]), state[1], state[2])
+    if kind == "KVCache" and state[0] is None:
+        return mlx_cache.KVCache()
+    return cls.from_state(state)
 
 
 def non_trimmable_layers(snap: Snapshot, keep: int | None = None) -> list[tuple[int, str, str]]:

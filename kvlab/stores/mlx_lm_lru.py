@@ -23,6 +23,7 @@ from dataclasses import replace
 
 from mlx_lm.models.cache import LRUPromptCache
 
+from ..errors import SnapshotError
 from ..keys import CacheKey
 from ..primitives.display import summary_html, table_html
 from ..primitives.snapshots import Snapshot, compact, non_trimmable_layers, restore, snapshot
@@ -88,8 +89,11 @@ class MlxLmLRUStore(StoreBase):
             kind, entry = ("supersequence" if found.common_prefix >= len(ids) else "lcp"), tuple(found.longer)
         else:
             kind, entry = "prefix", tuple(found.shorter)
-        snap = snapshot(cache, tokens=key.ids[:covered])
-        if kind in ("supersequence", "lcp"):
+        try:
+            snap = snapshot(cache, tokens=key.ids[:covered])
+        except SnapshotError:  # mlx-lm's trim of a chunked cache stops at its chunk start, silently
+            snap = None
+        if kind in ("supersequence", "lcp") or snap is None:
             # mlx-lm cut its copy back wherever its layers say they can be cut, and a chunked
             # cache wrongly says so (pitfall 11): hand over the entry as stored, for the reuse
             # core to cut only where every layer can be cut exactly, else the shorter entry
