@@ -23,6 +23,8 @@ from dataclasses import replace
 from .. import _blas
 from ..errors import KvlabError
 from . import blas, exp, hashing, memory, policies, quantization, serving, simulator, snapshot, tiers, ttft
+from .families import checkpoint_policies, conformance
+from .families_cache import hybrid_ttft, sliding_bytes
 from .settings import Settings
 from .table import Table, median_range, ms, spread
 
@@ -41,6 +43,10 @@ REGISTRY = {
     "policies": policies,
     "serving": serving,
     "tiers": tiers,
+    "conformance": conformance,
+    "checkpoint_policies": checkpoint_policies,
+    "hybrid_ttft": hybrid_ttft,
+    "sliding_bytes": sliding_bytes,
 }
 SECTIONS = tuple(REGISTRY)
 
