@@ -15,7 +15,7 @@ Example:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Callable
 
 from ..primitives.display import summary_html
@@ -50,13 +50,19 @@ def bench_conformance(model_types=None, stores=None, workload: str = "branching"
         1
     """
     from ..experiments import conformance as c
+    from ..models.families import FAMILY_OF
 
     model_types = list(model_types or c.MODEL_TYPES)
     stores = list(stores or c.STORES)
-    frame = c.run_conformance(model_types, stores, [workload])
-    counts = c.summary(frame)
-    cells = frame.select("model_type", "family", "store", "status", "reused_tokens", "max_logit_diff",
-                         "reason").to_dicts()
+    cells = []
+    for model_type in model_types:
+        for store in stores:
+            try:
+                cells.append(asdict(c.run_cell(model_type, store, workload)))
+            except Exception as e:  # noqa: BLE001 - a cell that crashes is a result to report, not the end of the run
+                cells.append({"model_type": model_type, "family": FAMILY_OF[model_type], "store": store,
+                              "status": "error", "reused_tokens": 0, "reason": f"raised {type(e).__name__}: {e}"})
+    counts = {s: sum(x["status"] == s for x in cells) for s in (*c.STATUSES, "error")}
     rows = []
     for model_type in model_types:
         mine = {x["store"]: x for x in cells if x["model_type"] == model_type}
@@ -66,7 +72,8 @@ def bench_conformance(model_types=None, stores=None, workload: str = "branching"
     notes = (f"Cells: {', '.join(f'{n} {s}' for s, n in counts.items())} (of {len(cells)}); in brackets the "
              f"tokens reused over the workload. exact: reused with max logit diff <= {c.TOLERANCE:g} against "
              "a cold prefill; refused: reused nothing, with a reason naming the layer; wrong: logits moved "
-             "beyond the tolerance; silent zero: reused nothing, no reason. Target: every cell exact.")
+             "beyond the tolerance; silent zero: reused nothing, no reason; error: the cell raised (the "
+             "exception is its reason). Target: every cell exact.")
     if missed:
         notes += " Cells that did not reuse exactly:\n\n" + "\n".join(
             f"- {x['model_type']} x {x['store']}: {x['status']}: {x['reason'] or 'no reason given'}"

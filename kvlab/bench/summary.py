@@ -149,7 +149,8 @@ def _conformance(v: dict) -> tuple[bool, str]:
     refused = "; ".join(f"{x['model_type']} x {x['store']}: {x['status']} ({x['reason'] or 'no reason'})"
                         for x in v["not_exact"])
     return (c["exact"] == v["cells"], f"{c['exact']} of {v['cells']} cells exact on {v['workload']}, "
-            f"{c['refused']} refused, {c['wrong']} wrong, {c['silent zero']} silent zero"
+            f"{c['refused']} refused, {c['wrong']} wrong, {c['silent zero']} silent zero, {c.get('error', 0)} "
+            "raised"
             + (f"; {refused}" if refused else ""))
 
 

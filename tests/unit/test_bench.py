@@ -236,14 +236,16 @@ def test_family_targets_are_judged_from_the_values():
     (judging wrong + silent zero only); cost_aware judged on one workload (any instead of all) or
     against 0.80; hybrid TTFT judged on the first store only or against cold prefill; sliding bytes
     judged on the first run only."""
-    def conformance(exact, refused=0, wrong=0, zero=0):
+    def conformance(exact, refused=0, wrong=0, zero=0, error=0):
         missed = [{"model_type": "llama4", "store": "paged", "status": "refused",
                    "reason": "layer 0 is chunked"}] * refused
-        return fake("conformance", counts={"exact": exact, "refused": refused, "wrong": wrong, "silent zero": zero},
-                    cells=exact + refused + wrong + zero, workload="branching", not_exact=missed)
+        counts = {"exact": exact, "refused": refused, "wrong": wrong, "silent zero": zero, "error": error}
+        return fake("conformance", counts=counts, cells=exact + refused + wrong + zero + error,
+                    workload="branching", not_exact=missed)
 
     assert summary_row([conformance(91)], "every cache family")[1:] == (
-        "91 of 91 cells exact on branching, 0 refused, 0 wrong, 0 silent zero", "met")
+        "91 of 91 cells exact on branching, 0 refused, 0 wrong, 0 silent zero, 0 raised", "met")
+    assert summary_row([conformance(90, error=1)], "every cache family")[2] == "not met"
     row = summary_row([conformance(89, refused=2)], "every cache family")
     assert row[2] == "not met" and "llama4 x paged: refused (layer 0 is chunked)" in row[1]
     assert summary_row([conformance(90, wrong=1)], "every cache family")[2] == "not met"
