@@ -4,7 +4,8 @@ each table reports the median and spread (pstdev, min-max) plus ratios against a
     kvlab bench --model smollm2 --repeats 5 --write BENCHMARKS.md
 
 One module per section; each has ``NEEDS_MODEL`` and ``table(settings) -> Table`` (its raw numbers
-in ``Table.values``). A new section is a new module plus one line in ``REGISTRY``; a new target is
+in ``Table.values``); a module holding several sections registers ``families.Section`` objects
+instead. A new section is a new module plus one line in ``REGISTRY``; a new target is
 one ``Target`` in ``summary.TARGETS``, which BENCHMARKS.md and the README's summary are generated
 from.
 

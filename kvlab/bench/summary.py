@@ -145,13 +145,14 @@ def _cost_model(v: dict) -> tuple[bool, str]:
 
 
 def _conformance(v: dict) -> tuple[bool, str]:
-    c = v["counts"]
-    refused = "; ".join(f"{x['model_type']} x {x['store']}: {x['status']} ({x['reason'] or 'no reason'})"
-                        for x in v["not_exact"])
+    c, by = v["counts"], {}
+    for x in v["not_exact"]:
+        by.setdefault(f"{x['status']} in {x['store']}", []).append(x["model_type"])
+    refused = "; ".join(f"{what}: {', '.join(models)}" for what, models in by.items())
     return (c["exact"] == v["cells"], f"{c['exact']} of {v['cells']} cells exact on {v['workload']}, "
             f"{c['refused']} refused, {c['wrong']} wrong, {c['silent zero']} silent zero, {c.get('error', 0)} "
             "raised"
-            + (f"; {refused}" if refused else ""))
+            + (f"; {refused} (reasons in the conformance table)" if refused else ""))
 
 
 def _cost_aware(v: dict) -> tuple[bool, str]:
