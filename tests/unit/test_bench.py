@@ -4,6 +4,7 @@ file and the README's marked block (on the model-free hashing section)."""
 
 from __future__ import annotations
 
+import dataclasses
 import types
 
 import pytest
@@ -298,3 +299,25 @@ def test_dense_bound_counts_window_layers_once_per_chain():
     assert bound == 64 * 256 + (32 + 32) * 128 * 2 == 32768
     short = dense_bound([{"hash": "a", "parent": None}], 16, per)
     assert short == (16, 1, 16 * 256 + 16 * 128 * 2)  # a chain shorter than the window counts its tokens
+
+
+def test_a_conformance_cell_that_raises_is_a_row_not_the_end_of_the_run(monkeypatch):
+    """Mutant caught: bench_conformance without its per-cell except (the whole section dies on the
+    first crashing cell, as falcon_h1 x disk did on branching)."""
+    from kvlab.bench.families import bench_conformance
+    from kvlab.experiments import conformance
+
+    def run_cell(model_type, store, workload):
+        if store == "disk":
+            raise TypeError("'tuple' object does not support item assignment")
+        return conformance.Cell(model_type, conformance.FAMILY_OF[model_type], store, workload, 4, 100, 60, 1e-6,
+                                "exact", "")
+
+    monkeypatch.setattr(conformance, "run_cell", run_cell)
+    t = bench_conformance(["qwen3", "mamba2"], ["radix", "disk"])
+    assert t.rows == (("qwen3", "dense", "exact (60)", "error (0)"),
+                      ("mamba2", "pure recurrent", "exact (60)", "error (0)"))
+    assert t.values["counts"] == {"exact": 2, "refused": 0, "wrong": 0, "silent zero": 0, "error": 2}
+    assert t.values["not_exact"][0] == {"model_type": "qwen3", "store": "disk", "status": "error",
+                                        "reason": "raised TypeError: 'tuple' object does not support item assignment"}
+    assert summary_row([dataclasses.replace(t, section="conformance")], "every cache family")[2] == "not met"
