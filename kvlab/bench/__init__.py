@@ -4,7 +4,8 @@ each table reports the median and spread (pstdev, min-max) plus ratios against a
     kvlab bench --model smollm2 --repeats 5 --write BENCHMARKS.md
 
 One module per section; each has ``NEEDS_MODEL`` and ``table(settings) -> Table`` (its raw numbers
-in ``Table.values``). A new section is a new module plus one line in ``REGISTRY``; a new target is
+in ``Table.values``); a module holding several sections registers ``families.Section`` objects
+instead. A new section is a new module plus one line in ``REGISTRY``; a new target is
 one ``Target`` in ``summary.TARGETS``, which BENCHMARKS.md and the README's summary are generated
 from.
 
@@ -24,6 +25,8 @@ from .. import _blas
 from ..errors import KvlabError
 from . import (blas, exp, hashing, memory, policies, quantization, served_checkpoints, serving, simulator,
                snapshot, tiers, ttft)
+from .families import checkpoint_policies, conformance
+from .families_cache import hybrid_ttft, sliding_bytes
 from .settings import Settings
 from .table import Table, median_range, ms, spread
 
@@ -43,6 +46,10 @@ REGISTRY = {
     "serving": serving,
     "served_checkpoints": served_checkpoints,
     "tiers": tiers,
+    "conformance": conformance,
+    "checkpoint_policies": checkpoint_policies,
+    "hybrid_ttft": hybrid_ttft,
+    "sliding_bytes": sliding_bytes,
 }
 SECTIONS = tuple(REGISTRY)
 

@@ -4,6 +4,7 @@ file and the README's marked block (on the model-free hashing section)."""
 
 from __future__ import annotations
 
+import dataclasses
 import types
 
 import pytest
@@ -27,7 +28,8 @@ def test_table_markdown_and_html():
 
 def test_registry_order_and_sections():
     assert bench.SECTIONS == ("blas", "ttft", "snapshot", "memory", "hashing", "simulator", "exp", "quantization",
-                              "policies", "serving", "served_checkpoints", "tiers")
+                              "policies", "serving", "served_checkpoints", "tiers", "conformance",
+                              "checkpoint_policies", "hybrid_ttft", "sliding_bytes")
     for name, section in bench.REGISTRY.items():
         assert isinstance(section.NEEDS_MODEL, bool) and callable(section.table), name
     assert [n for n, s in bench.REGISTRY.items() if s.NEEDS_MODEL] == ["ttft", "snapshot", "memory", "quantization",
@@ -250,3 +252,95 @@ def test_committed_readme_quotes_the_committed_benchmarks():
     assert len(rows) == 1 + len(summary.TARGETS)  # the header, then one row a target
     assert [line for line in block.splitlines() if line.startswith("| ")] == rows
     assert {line.rsplit("|", 2)[1].strip() for line in rows[1:]} <= {"met", "not met", "not measured"}
+
+
+def test_family_targets_are_judged_from_the_values():
+    """Issue 18's targets: met only on the right side of each threshold, on every workload/store/run.
+    Mutants caught (each checked by breaking summary.py): conformance met while cells are refused
+    (judging wrong + silent zero only); cost_aware judged on one workload (any instead of all) or
+    against 0.80; hybrid TTFT judged on the first store only or against cold prefill; sliding bytes
+    judged on the first run only."""
+    def conformance(exact, refused=0, wrong=0, zero=0, error=0):
+        missed = [{"model_type": "llama4", "store": "paged", "status": "refused",
+                   "reason": "layer 0 is chunked"}] * refused
+        counts = {"exact": exact, "refused": refused, "wrong": wrong, "silent zero": zero, "error": error}
+        return fake("conformance", counts=counts, cells=exact + refused + wrong + zero + error,
+                    workload="branching", not_exact=missed)
+
+    assert summary_row([conformance(91)], "every cache family")[1:] == (
+        "91 of 91 cells exact on branching, 0 refused, 0 wrong, 0 silent zero, 0 raised", "met")
+    assert summary_row([conformance(90, error=1)], "every cache family")[2] == "not met"
+    row = summary_row([conformance(89, refused=2)], "every cache family")
+    assert row == (row[0], "89 of 91 cells exact on branching, 2 refused, 0 wrong, 0 silent zero, 0 raised; "
+                   "refused in paged: llama4, llama4 (reasons in the conformance table)", "not met")
+    assert summary_row([conformance(90, wrong=1)], "every cache family")[2] == "not met"
+    assert summary_row([conformance(90, zero=1)], "every cache family")[2] == "not met"
+
+    def policies(agentic, branching):
+        per = {w: {"cost_aware": {"of_optimal": r}, "optimal": {"of_optimal": 1.0}}
+               for w, r in (("agentic_loop", agentic), ("branching", branching))}
+        return fake("checkpoint_policies", workloads=per, model="tiny:qwen3_5")
+
+    assert summary_row([policies(1.0, 0.90)], "cost_aware")[1:] == (
+        "agentic_loop 1.000 of optimal, branching 0.900 of optimal (tiny:qwen3_5)", "met")
+    assert summary_row([policies(1.0, 0.89)], "cost_aware")[2] == "not met"
+    assert summary_row([policies(0.85, 1.0)], "cost_aware")[2] == "not met"
+
+    def hybrid(radix, paged, limit=0.1, cold=1.0):
+        s = {"cold prefill": spread_of(cold), "radix": spread_of(radix), "paged": spread_of(paged),
+             "limit": spread_of(limit)}
+        return fake("hybrid_ttft", seconds=s, reused={"radix": 768, "paged": 768}, n=1024, p=768,
+                    model="tiny:qwen3_5")
+
+    assert summary_row([hybrid(0.105, 0.11)], "hybrid model: cached TTFT")[1:] == (
+        "radix 1.05x, paged 1.10x of the limit (100 ms: 256 of 1024 tokens, tiny:qwen3_5)", "met")
+    assert summary_row([hybrid(0.105, 0.12)], "hybrid model: cached TTFT")[2] == "not met"
+    assert summary_row([hybrid(0.5, 0.105)], "hybrid model: cached TTFT")[2] == "not met"
+
+    def sliding(one, chat):
+        return fake("sliding_bytes", runs={"one prompt": {"ratio": one}, "multi_turn (4 turns)": {"ratio": chat}},
+                    model="tiny:gemma3_text")
+
+    assert summary_row([sliding(1.0, 1.1)], "a sliding-window")[1:] == (
+        "one prompt 1.000x, multi_turn (4 turns) 1.100x of the bound (tiny:gemma3_text)", "met")
+    assert summary_row([sliding(1.0, 1.65)], "a sliding-window")[2] == "not met"
+    assert summary_row([sliding(1.2, 1.0)], "a sliding-window")[2] == "not met"
+
+
+def test_dense_bound_counts_window_layers_once_per_chain():
+    """Full KV for every cached token once, window KV for min(window, chain tokens) per chain.
+    Mutants caught: window counted for the whole chain (no min), per block instead of per chain,
+    or full KV counted once per chain."""
+    from kvlab.bench.families_cache import dense_bound
+
+    # a -> b -> c and a -> d: two chains of 48 and 32 tokens over 4 blocks of 16
+    blocks = [{"hash": "a", "parent": None}, {"hash": "b", "parent": "a"}, {"hash": "c", "parent": "b"},
+              {"hash": "d", "parent": "a"}]
+    per = {"full": 256, "window": 256, "windows": [(32, 128), (32, 128)]}
+    cached, chains, bound = dense_bound(blocks, 16, per)
+    assert (cached, chains) == (64, 2)
+    assert bound == 64 * 256 + (32 + 32) * 128 * 2 == 32768
+    short = dense_bound([{"hash": "a", "parent": None}], 16, per)
+    assert short == (16, 1, 16 * 256 + 16 * 128 * 2)  # a chain shorter than the window counts its tokens
+
+
+def test_a_conformance_cell_that_raises_is_a_row_not_the_end_of_the_run(monkeypatch):
+    """Mutant caught: bench_conformance without its per-cell except (the whole section dies on the
+    first crashing cell, as falcon_h1 x disk did on branching)."""
+    from kvlab.bench.families import bench_conformance
+    from kvlab.experiments import conformance
+
+    def run_cell(model_type, store, workload):
+        if store == "disk":
+            raise TypeError("'tuple' object does not support item assignment")
+        return conformance.Cell(model_type, conformance.FAMILY_OF[model_type], store, workload, 4, 100, 60, 1e-6,
+                                "exact", "")
+
+    monkeypatch.setattr(conformance, "run_cell", run_cell)
+    t = bench_conformance(["qwen3", "mamba2"], ["radix", "disk"])
+    assert t.rows == (("qwen3", "dense", "exact (60)", "error (0)"),
+                      ("mamba2", "pure recurrent", "exact (60)", "error (0)"))
+    assert t.values["counts"] == {"exact": 2, "refused": 0, "wrong": 0, "silent zero": 0, "error": 2}
+    assert t.values["not_exact"][0] == {"model_type": "qwen3", "store": "disk", "status": "error",
+                                        "reason": "raised TypeError: 'tuple' object does not support item assignment"}
+    assert summary_row([dataclasses.replace(t, section="conformance")], "every cache family")[2] == "not met"
