@@ -1,0 +1,85 @@
+"""SharedRadixStore on hybrid, sliding-window, CacheList, pure recurrent and recurrent + sliding
+models, through kv.Engine and kvlab's conformance cells.
+
+Tolerance: cached vs cold logits, max |diff| <= 1e-4 on float32 tiny models (a restored state is
+the state a cold prefill computes; only the order of float additions differs when a prefill runs
+in two pieces; measured 2e-6 to 2e-5).
+
+Each test names the mutant (broken implementation) it catches; each was checked by breaking the
+code by hand.
+"""
+
+import random
+
+import pytest
+
+import kvlab as kv
+from kvlab.experiments.conformance import run_cell
+from kvlab.primitives.cache_parts import parts_of
+from kvlab.primitives.snapshots import advance, make_cache, snapshot
+from kvlab.stores import SharedRadixStore
+
+pytestmark = pytest.mark.model
+
+TOL = 1e-4
+FAMILIES = ["gemma3_text", "qwen3_5", "nemotron_h", "mamba2", "falcon_h1", "recurrent_gemma"]
+
+
+def ids_of(n, seed, vocab=1000):
+    rng = random.Random(seed)
+    return [rng.randrange(10, vocab) for _ in range(n)]
+
+
+@pytest.mark.parametrize("workload", ["multi_turn", "branching", "agentic_loop"])
+@pytest.mark.parametrize("model_type", FAMILIES)
+def test_every_family_reuses_exactly(model_type, workload):
+    # mutants: a window checkpoint kept in ring order, not temporal order (gemma3_text off),
+    # no checkpoints kept (a miss on every request: status not "exact")
+    cell = run_cell(model_type, "shared-radix", workload)
+    assert cell.status == "exact", cell
+    assert cell.max_logit_diff <= TOL and cell.reused_tokens > 0
+
+
+def test_chunked_attention_is_refused_naming_the_layer():
+    cell = run_cell("llama4", "shared-radix", "multi_turn")
+    assert cell.status == "refused" and cell.reused_tokens == 0
+    assert "chunked attention of 32" in cell.reason, cell.reason
+
+
+@pytest.mark.parametrize("model_type", ["qwen3_5", "mamba2"])
+def test_never_restores_past_the_divergence(model_type):
+    # mutant: checkpoints looked up by position in the whole tree, not only on the matched path
+    # (the unrelated prompt cached first has one at 64: logits off)
+    model = kv.load(f"tiny:{model_type}")
+    store = SharedRadixStore(budget_bytes=256 << 20)
+    engine = kv.Engine(model, store, verify=True, max_tokens=2, checkpoints="every:16")
+    a = ids_of(100, 1)
+    b = a[:70] + ids_of(40, 2)
+    assert b[70] != a[70]
+    engine.run(ids_of(100, 8))
+    engine.run(a)
+    r = engine.run(b)
+    assert r.reused_tokens == 64 and r.verify_diff <= TOL
+    used = [(p, cp.hits) for n in store._nodes.values() for p, cp in n.checkpoints.items() if cp.hits]
+    assert used == [(64, 1)]
+
+
+def test_window_checkpoints_hold_the_window_and_count_per_component():
+    # mutants: a checkpoint keeping the whole window buffer the snapshot holds (after a 300-token
+    # prefill: 300 tokens, not 32), recurrent bytes counted as window
+    model = kv.load("tiny:gemma3_text")
+    store = SharedRadixStore(budget_bytes=256 << 20)
+    engine = kv.Engine(model, store, max_tokens=1, checkpoints="every:100")
+    engine.run(ids_of(300, 3))
+    parts = parts_of(snapshot(advance(model, ids_of(4, 4), make_cache(model)), model=model))
+    windows = [p for p in parts if p.kind == "window"]
+    full = [p for p in parts if p.kind == "full"]
+    per_token = 2 * 16 * 4  # keys + values of 1 KV head of 16 float32
+    c = store.components()
+    positions = sorted(p for n in store._nodes.values() for p in n.checkpoints)
+    assert positions == [100, 200, 300]
+    assert c["checkpoints"] == 3 and c["recurrent"] == 0
+    assert c["window"] == 3 * len(windows) * 32 * per_token
+    assert set(c["window_tokens"].values()) == {3 * 32}
+    assert c["full"] == len(full) * 300 * per_token
+    assert store.nbytes == c["full"] + c["window"]
