@@ -123,7 +123,8 @@ class PagedStore(CheckpointBook, BudgetedStore):
         # a block handed to a disk tier alone restores nothing of a window or a recurrent state
         holds = {"full"} if self.on_evict is not None else {"full", "window", "recurrent", "list"}
         return Capabilities(block_size=self.block_size, holds=frozenset(holds), budget_bytes=self.budget_bytes,
-                            views=("blocks",), checkpoint_every=None if self.on_evict else self.block_size)
+                            views=("blocks",), checkpoint_every=None if self.on_evict else self.block_size,
+                            components=True)
 
     def lookup(self, key: CacheKey, tokens: Tokens, *, limit: int) -> Match:
         if self._unpageable:

@@ -86,7 +86,8 @@ class SharedRadixStore(BudgetedStore):
     def capabilities(self) -> Capabilities:
         # a path handed to a tier below restores nothing of a window or a recurrent state
         holds = {"full"} if self.on_evict is not None else {"full", "window", "recurrent", "list"}
-        return Capabilities(holds=frozenset(holds), budget_bytes=self.budget_bytes, views=("tree",))
+        return Capabilities(holds=frozenset(holds), budget_bytes=self.budget_bytes, views=("tree",),
+                            components=True)
 
     def lookup(self, key: CacheKey, tokens: Tokens, *, limit: int) -> Match:
         if self._unsliceable:

@@ -83,3 +83,30 @@ def test_window_checkpoints_hold_the_window_and_count_per_component():
     assert set(c["window_tokens"].values()) == {3 * 32}
     assert c["full"] == len(full) * 300 * per_token
     assert store.nbytes == c["full"] + c["window"]
+
+
+@pytest.mark.parametrize("store", ["shared-radix", "paged"])
+def test_inspector_shows_bytes_per_component(store):
+    # mutants: the Inspector showing the store's total as full KV, or window and recurrent
+    # swapped; a store's checkpoint bytes left out of components()
+    pytest.importorskip("ipywidgets")
+    model = kv.load("tiny:gemma3_text")
+    kv_store = kv.stores.make_store(store, budget_bytes=256 << 20)
+    engine = kv.Engine(model, kv_store, max_tokens=1, checkpoints="every:96")
+    engine.run(ids_of(300, 3))
+    parts = parts_of(snapshot(advance(model, ids_of(4, 4), make_cache(model)), model=model))
+    windows, full = (sum(p.kind == k for p in parts) for k in ("window", "full"))
+    per_token = 2 * 16 * 4
+    # shared-radix: full KV of all 300 tokens, a 32-token window per checkpoint (96, 192, 288, 300);
+    # paged: 288 tokens in 18 blocks, checkpoints at 96, 192, 288 with two window blocks each
+    want = {"shared-radix": (300 * full * per_token, 4 * 32 * windows * per_token, 4),
+            "paged": (288 * full * per_token, 3 * 32 * windows * per_token, 3)}[store]
+    ins = kv.Inspector(engine)
+    ins.refresh()
+    shown = ins.state()["components"]
+    assert (shown["full"], shown["window"], shown["checkpoints"]) == want and shown["recurrent"] == 0
+    assert shown["full"] + shown["window"] == kv_store.nbytes
+    header = ins.header.value
+    assert f"full KV {want[0]:,} B" in header and f"window KV {want[1]:,} B" in header
+    assert "recurrent state 0 B" in header and f"{want[2]} checkpoints" in header
+    assert f"window KV {want[1]:,} B" in ins._repr_html_()
