@@ -6,7 +6,10 @@ A checkpoint at position p (``kvlab.stores.paged_parts.Checkpoint``; no block: i
 whose edge holds token p - 1) keeps every recurrent state as taken at p and, per sliding-window
 layer, the last min(window, held) tokens before p, in temporal order: a hit restores full KV
 sliced from the path plus the deepest checkpoint at or below the match, so never a state taken
-past where the prompt diverges.
+past where the prompt diverges. Window tokens are stored once along a path: a checkpoint whose
+window reaches back past an earlier checkpoint on its path (its ``base``) keeps only the tokens
+after it and takes the rest from there. A base sits on the same node or an ancestor, so leaf-first
+eviction never drops it before the checkpoints that use it.
 
 Example:
     >>> frame_of(store.root).columns[:4]
@@ -18,6 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import polars as pl
+
+import mlx.core as mx
 
 from ..primitives.cache_parts import Part, copy_of, nbytes_of, rotating_state, window_kv
 from ..primitives.display import summary_html, table_html
@@ -82,18 +87,37 @@ def full_only(snap: Snapshot, parts: tuple[Part, ...]) -> Snapshot:
     return Snapshot(layers, snap.offset, snap.token_ids, snap.fingerprint)
 
 
-def checkpoint_of(cid: int, parts: tuple[Part, ...], offset: int) -> Checkpoint:
-    """Copies of what a hit at ``offset`` needs besides full KV (module docstring)."""
+def checkpoint_of(cid: int, parts: tuple[Part, ...], offset: int, base: Checkpoint | None = None) -> Checkpoint:
+    """Copies of what a hit at ``offset`` needs besides full KV; ``base``: the deepest earlier
+    checkpoint on the same path, whose window tokens it need not copy (module docstring). A
+    window part's state is (own keys, own values, position of the first own token, position of
+    the first token the window holds, base or None, offset, window size)."""
     states = {}
     for i, p in enumerate(parts):
         if p.kind == "recurrent":
             states[i] = copy_of(p.state)
         elif p.kind == "window":
             k, v, _ = window_kv(p.state)
-            keep = min(k.shape[2], window_of(p))
-            states[i] = copy_of(rotating_state(k[..., k.shape[2] - keep:, :], v[..., v.shape[2] - keep:, :],
-                                               offset, window_of(p)))
+            lo = offset - min(k.shape[2], window_of(p))
+            shared = base is not None and lo < base.position and base.states[i][3] <= lo
+            first = base.position if shared else lo
+            own = copy_of((k[..., k.shape[2] - (offset - first):, :], v[..., v.shape[2] - (offset - first):, :]))
+            states[i] = (*own, first, lo, base if shared else None, offset, window_of(p))
     return Checkpoint(cid, b"", offset, states, nbytes_of(list(states.values())), ())
+
+
+def window_state(cp: Checkpoint, i: int) -> tuple:
+    """The RotatingKVCache state of window part ``i`` at ``cp``: its own tokens, preceded by the
+    ones its bases hold back to the first token the window holds."""
+    keys, values, first, lo, base, offset, size = cp.states[i]
+    ks, vs = [keys], [values]
+    while first > lo:  # base holds tokens up to its position, which is ``first``
+        bk, bv, bfirst, _, nxt, _, _ = base.states[i]
+        s = max(lo, bfirst)
+        ks.insert(0, bk[..., s - bfirst:, :])
+        vs.insert(0, bv[..., s - bfirst:, :])
+        first, base = s, nxt
+    return rotating_state(mx.concatenate(ks, axis=2), mx.concatenate(vs, axis=2), offset, size)
 
 
 def components_of(nodes, parts: tuple[Part, ...] | None) -> dict:

@@ -53,7 +53,7 @@ from .base import Capabilities, Match, too_big
 from .budgeted import BudgetedStore
 from .edge_kv import cut, join, nbytes_of
 from .paged_parts import needs, obstacle
-from .shared_node import Node, checkpoint_of, components_of, edge_ids, frame_of, full_only, html_of
+from .shared_node import Node, checkpoint_of, components_of, edge_ids, frame_of, full_only, html_of, window_state
 
 SPLIT = "split"  # the reason logged when a node is replaced by its two halves
 
@@ -138,7 +138,8 @@ class SharedRadixStore(BudgetedStore):
         there = path[-1] if depth == n else None
         cp = None
         if self._checkpointed and (there is None or n not in there.checkpoints):
-            cp = checkpoint_of(next(self._ids), parts, n)
+            earlier = [(p, c) for x in path for p, c in x.checkpoints.items() if p <= depth and p < n]
+            cp = checkpoint_of(next(self._ids), parts, n, max(earlier, key=lambda pc: pc[0])[1] if earlier else None)
         # bytes the whole path holds once inserted: what it shares, and the rest from snap
         held = sum(x.nbytes if x.depth <= depth else nbytes_of(x.kv, 0, depth - x.start) for x in path)
         new = nbytes_of(snap, depth, n) + (cp.nbytes if cp else 0)
@@ -206,7 +207,7 @@ class SharedRadixStore(BudgetedStore):
             if p.kind == "full":
                 states[i], f = full.layers[f].state, f + 1
             else:
-                states[i] = fresh_of(cp.states[i])
+                states[i] = fresh_of(window_state(cp, i) if p.kind == "window" else cp.states[i])
         return Snapshot(assemble(self._parts, states, full.offset), full.offset, full.token_ids, full.fingerprint)
 
     def _unit(self, node: Node, kind: str) -> Unit:

@@ -15,7 +15,8 @@ import pytest
 
 import kvlab as kv
 from kvlab.experiments.conformance import run_cell
-from kvlab.primitives.cache_parts import parts_of
+import mlx.core as mx
+from kvlab.primitives.cache_parts import parts_of, window_kv
 from kvlab.primitives.snapshots import advance, make_cache, snapshot
 from kvlab.stores import SharedRadixStore
 
@@ -85,6 +86,31 @@ def test_window_checkpoints_hold_the_window_and_count_per_component():
     assert store.nbytes == c["full"] + c["window"]
 
 
+def test_window_tokens_are_stored_once_along_a_path():
+    # mutants: every checkpoint with its own copy of its window (12 x 32 tokens per layer, not
+    # 100), a window joined from its bases one token short or long (lookups below: keys differ)
+    model = kv.load("tiny:gemma3_text")
+    store = SharedRadixStore(budget_bytes=256 << 20)
+    ids = ids_of(100, 9)
+    kv.Engine(model, store, max_tokens=1, checkpoints="every:8").run(ids)
+    c = store.components()
+    assert c["checkpoints"] == 13  # 8, 16, ..., 96 and the prompt's end, 100
+    assert set(c["window_tokens"].values()) == {100}
+    cold = parts_of(snapshot(advance(model, ids[:99], make_cache(model)), model=model))
+    for limit in (40, 99):
+        m = store.lookup(kv.keys.CacheKey(tuple(ids)), None, limit=limit)
+        at = m.tokens
+        assert at == limit // 8 * 8
+        for got, want in zip(parts_of(m.snapshot), cold):
+            if got.kind != "window":
+                continue
+            gk, gv, first = window_kv(got.state)
+            wk, _, wfirst = window_kv(want.state)
+            assert (first, gk.shape[2], int(got.state[2])) == (at - 32, 32, at)
+            # KV of a token is the same whichever prefill computed it, to float rounding
+            assert mx.abs(gk - wk[..., first - wfirst:at - wfirst, :]).max().item() <= 1e-5
+
+
 @pytest.mark.parametrize("store", ["shared-radix", "paged"])
 def test_inspector_shows_bytes_per_component(store):
     # mutants: the Inspector showing the store's total as full KV, or window and recurrent
@@ -97,9 +123,10 @@ def test_inspector_shows_bytes_per_component(store):
     parts = parts_of(snapshot(advance(model, ids_of(4, 4), make_cache(model)), model=model))
     windows, full = (sum(p.kind == k for p in parts) for k in ("window", "full"))
     per_token = 2 * 16 * 4
-    # shared-radix: full KV of all 300 tokens, a 32-token window per checkpoint (96, 192, 288, 300);
+    # shared-radix: full KV of all 300 tokens, a 32-token window at 96, 192 and 288, and at 300
+    # only the 12 tokens after 288 (the rest of its window is the one at 288's);
     # paged: 288 tokens in 18 blocks, checkpoints at 96, 192, 288 with two window blocks each
-    want = {"shared-radix": (300 * full * per_token, 4 * 32 * windows * per_token, 4),
+    want = {"shared-radix": (300 * full * per_token, (3 * 32 + 12) * windows * per_token, 4),
             "paged": (288 * full * per_token, 3 * 32 * windows * per_token, 3)}[store]
     ins = kv.Inspector(engine)
     ins.refresh()
