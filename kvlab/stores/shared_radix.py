@@ -217,7 +217,8 @@ class SharedRadixStore(BudgetedStore):
     def _add(self, node: Node) -> None:
         self._nodes[node.id] = node
         self._bytes += node.nbytes
-        self.log.add("insert", tokens=node.tokens, nbytes=node.kv_nbytes, entry=node.id, kind=node.kind)
+        # a split's halves carry their checkpoints' bytes, so evict and insert events still balance
+        self.log.add("insert", tokens=node.tokens, nbytes=node.nbytes, entry=node.id, kind=node.kind)
 
     def _split(self, node: Node, m: int) -> Node:
         """Replace ``node`` by a head of its first ``m`` tokens and a tail of the rest (each with
@@ -239,7 +240,7 @@ class SharedRadixStore(BudgetedStore):
         del self._nodes[node.id]
         self._bytes -= node.nbytes
         self.policy.remove(node.id)
-        self.log.add("evict", tokens=node.tokens, nbytes=node.kv_nbytes, entry=node.id, reason=SPLIT)
+        self.log.add("evict", tokens=node.tokens, nbytes=node.nbytes, entry=node.id, reason=SPLIT)
         for x in (head, tail):
             self._add(x)
             self.policy.access(self._unit(x, x.kind))
@@ -261,11 +262,11 @@ class SharedRadixStore(BudgetedStore):
         self.policy.remove(node.id)  # a no-op after the policy chose it as victim
         self._bytes -= node.nbytes
         self.evictions += 1
-        self.log.add("evict", tokens=node.tokens, nbytes=node.kv_nbytes, entry=node.id,
-                     reason=self.policy.name, capacity=True)
-        for cp in node.checkpoints.values():
+        for cp in node.checkpoints.values():  # first, as PagedStore drops a block's checkpoint
             self.log.add("checkpoint_removed", tokens=cp.position, nbytes=cp.nbytes, entry=node.id,
                          reason=self.policy.name)
+        self.log.add("evict", tokens=node.tokens, nbytes=node.kv_nbytes, entry=node.id,
+                     reason=self.policy.name, capacity=True)
 
     def _path_snapshot(self, node: Node) -> Snapshot:
         path = []

@@ -23,8 +23,16 @@ def state_code(snap) -> float:
     return arrays_of(layer.state)[0][0, 0].item()
 
 
+SIGN = {"insert": 1, "checkpoint_stored": 1, "evict": -1, "checkpoint_removed": -1}
+
+
 def hybrid_store(budget=1 << 20):
     return SharedRadixStore(budget)
+
+
+def event_bytes(events) -> int:
+    """The bytes held as the events account them (what the server's StoreAdapter sums)."""
+    return sum(SIGN.get(e.event, 0) * e.nbytes for e in events)
 
 
 def test_hit_is_the_deepest_checkpoint_at_or_below_the_limit_and_the_divergence():
@@ -49,13 +57,15 @@ def test_hit_is_the_deepest_checkpoint_at_or_below_the_limit_and_the_divergence(
 
 
 def test_a_split_keeps_each_checkpoint_on_the_half_that_holds_it():
-    # mutant: a split that drops the node's checkpoints (the hit on a after c split it misses)
+    # mutants: a split that drops the node's checkpoints (the hit on a after c split it misses),
+    # a split whose evict event leaves out the moved checkpoint's bytes (events 12 bytes over)
     a = tuple(range(10, 18))
     c = a[:4] + (70, 71, 72, 73)
     store = hybrid_store()
     store.insert(CacheKey(a[:3]), TOKS, synthetic(a[:3], recurrent=True))
     store.insert(CacheKey(a), TOKS, synthetic(a, recurrent=True))
     store.insert(CacheKey(c), TOKS, synthetic(c, recurrent=True))
+    assert event_bytes(store.drain_events()) == store.nbytes
     frame = store.tree_frame().sort("start")
     assert frame["checkpoints"].to_list() == [[], [3], [], [8], [8]]  # root, [0,4), [4,8) twice
     for key, want in ((a, 8), (c, 8), (a[:3] + (99,), 3)):
@@ -77,5 +87,6 @@ def test_bytes_per_component_and_eviction_frees_the_checkpoints():
     c = store.components()
     assert (c["full"], c["recurrent"], c["checkpoints"]) == (8 * TOKEN_BYTES, 2 * STATE_BYTES, 2)
     assert store.nbytes == c["full"] + c["recurrent"]
-    removed = [(e.tokens, e.nbytes) for e in store.drain_events() if e.event == "checkpoint_removed"]
-    assert removed == [(8, STATE_BYTES)]
+    events = store.drain_events()
+    removed = [(e.tokens, e.nbytes) for e in events if e.event == "checkpoint_removed"]
+    assert removed == [(8, STATE_BYTES)] and event_bytes(events) == store.nbytes
