@@ -17,7 +17,11 @@ Events (``event`` column; ``detail`` says more):
 - ``offer_refused``: a cache that could not be cut to the ids it was offered with (detail: why);
 - the store's own: ``insert``, ``evict``, ``block_stored``, ``block_removed``, ``refuse`` (an
   offer it could not keep: the cache cannot be cut where it would keep it), ``tier_hit``,
-  ``promote``, ``demote``, ``persist``, ``corrupt`` (detail: kind, reason or tier).
+  ``promote``, ``demote``, ``persist``, ``corrupt`` (detail: kind, reason or tier);
+  ``checkpoint_stored``, ``checkpoint_removed`` (a window or recurrent checkpoint: tokens = its
+  position, bytes = its recurrent state, and in SharedRadixStore its window KV too),
+  ``window_stored``, ``window_released`` (PagedStore: a block's window KV, kept while some
+  checkpoint's window reaches it).
 
 Example:
     >>> core = PrefixCache(kv.RadixStore(), m, emit=print)

@@ -95,6 +95,19 @@ def copy_of(tree):
     return out
 
 
+def structure_of(parts: tuple[Part, ...]) -> tuple[Part, ...]:
+    """``parts`` without their arrays (a store keeps the model's structure; arrays would keep a
+    request's buffers alive)."""
+    return tuple(replace(p, state=tree_map(lambda a: None if isinstance(a, mx.array) else a, p.state))
+                 for p in parts)
+
+
+def fresh_of(tree):
+    """New containers and array objects over the same data: mlx-lm writes into a restored
+    CacheList part's list, which must not be the one a store keeps."""
+    return tree_map(lambda a: a[...] if isinstance(a, mx.array) else a, tree)
+
+
 def full_kv(state, start: int, end: int) -> tuple:
     """Copies of tokens [start, end) of a full-KV state: (keys, values), quantized layers'
     (packed words, scales, biases) each, plus their (group_size, bits)."""

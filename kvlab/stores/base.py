@@ -89,7 +89,8 @@ class Capabilities:
     its boundary there), so a server must recover them. ``views``: the frames ``frame(view)``
     draws (``VIEWS``). ``tiers``: where it keeps entries. ``checkpoint_every``: a store that keeps
     recurrent state only at multiples of it (its block ends) asks whoever prefills a prompt with
-    recurrent layers for a snapshot at each one the prompt passes.
+    recurrent layers for a snapshot at each one the prompt passes. ``components``: it reports
+    its bytes per component (full KV, window KV, recurrent state) through ``components()``.
     """
 
     block_size: int | None = None
@@ -99,6 +100,7 @@ class Capabilities:
     views: tuple[str, ...] = ()
     tiers: tuple[str, ...] = ("ram",)
     checkpoint_every: int | None = None
+    components: bool = False
 
     def refuses(self, layout) -> str | None:
         """Why this store can hold none of a cache of ``layout`` (a ``CacheLayout``), or None."""

@@ -22,24 +22,6 @@ from mlx.utils import tree_flatten, tree_map
 from ..errors import SnapshotError
 from ..primitives.snapshots import LayerState, Snapshot
 
-SLICEABLE = ("KVCache", "QuantizedKVCache")  # layers whose state is (keys, values, offset, ...)
-
-
-def why_unsliceable(snap: Snapshot) -> str:
-    """Why ``snap`` cannot be cut per token ("" when it can): only attention KV can.
-
-    Example:
-        >>> why_unsliceable(hybrid_snap)[:40]
-        'SharedRadixStore slices attention KV on'
-    """
-    for i, layer in enumerate(snap.layers):
-        if layer.kind not in SLICEABLE:
-            return (f"SharedRadixStore slices attention KV only: layer {i} is {layer.kind}, whose state "
-                    "cannot be cut into token slices; use RadixStore (whole snapshots, and the Engine "
-                    "checkpoints such models at message boundaries)")
-    return ""
-
-
 def _arrays(tree) -> list:
     return [a for _, a in tree_flatten(tree) if isinstance(a, mx.array)]
 

@@ -33,16 +33,15 @@ Example:
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import mlx.core as mx
 import polars as pl
-from mlx.utils import tree_map
 
 from ..errors import BlockSizeError, BudgetError, SnapshotError
 from ..keys import CacheKey
 from ..policies import KIND_PRIORITY, Unit, store_policy
-from ..primitives.cache_parts import arrays_of, assemble, full_kv, nbytes_of, parts_of
+from ..primitives.cache_parts import arrays_of, assemble, fresh_of, full_kv, nbytes_of, parts_of, structure_of
 from ..primitives.display import summary_html, table_html
 from ..primitives.snapshots import Snapshot
 from ..primitives.tokens import Tokens
@@ -124,7 +123,8 @@ class PagedStore(CheckpointBook, BudgetedStore):
         # a block handed to a disk tier alone restores nothing of a window or a recurrent state
         holds = {"full"} if self.on_evict is not None else {"full", "window", "recurrent", "list"}
         return Capabilities(block_size=self.block_size, holds=frozenset(holds), budget_bytes=self.budget_bytes,
-                            views=("blocks",), checkpoint_every=None if self.on_evict else self.block_size)
+                            views=("blocks",), checkpoint_every=None if self.on_evict else self.block_size,
+                            components=True)
 
     def lookup(self, key: CacheKey, tokens: Tokens, *, limit: int) -> Match:
         if self._unpageable:
@@ -162,9 +162,8 @@ class PagedStore(CheckpointBook, BudgetedStore):
         if not hashes:
             return
         self._check_model(snap)
-        if self._parts is None:  # its structure only: arrays would keep this request's buffers alive
-            self._parts = tuple(replace(p, state=tree_map(lambda a: None if isinstance(a, mx.array) else a, p.state))
-                                for p in parts)
+        if self._parts is None:
+            self._parts = structure_of(parts)
         per_block = self._full_bytes_per_token(parts) * self.block_size
         if self._policy_spec is not None:  # first blocks: size the policy to the budget in blocks
             name, params = self._policy_spec
@@ -259,8 +258,8 @@ class PagedStore(CheckpointBook, BudgetedStore):
                 states[i], f = join_full([b.kv[f] for b in hits], n), f + 1
             elif p.kind == "window":
                 states[i] = join_window(hits, i, n, p, self.block_size)
-            else:  # fresh containers and array objects: mlx-lm writes into a CacheList part's list
-                states[i] = tree_map(lambda a: a[...] if isinstance(a, mx.array) else a, cp.states[i])
+            else:
+                states[i] = fresh_of(cp.states[i])
         layers = assemble(self._parts, states, n)
         mx.eval([arrays_of(layer.state) for layer in layers])
         return Snapshot(layers, n, tuple(ids), hits[0].fingerprint)

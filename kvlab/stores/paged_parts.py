@@ -79,15 +79,16 @@ def window_block(part: Part, j: int, block_size: int):
     return full_kv((keys, values), s - first, e - first)
 
 
-def obstacle(parts: tuple[Part, ...]) -> str:
-    """Why these parts cannot be paged (a layer kind no block scheme here restores), or ''."""
+def obstacle(parts: tuple[Part, ...], store: str = "PagedStore cannot page") -> str:
+    """Why these parts cannot be kept in token blocks or slices (a layer kind no scheme here
+    restores), or ''; ``store`` starts the sentence."""
     for p in parts:
         if p.kind in ("chunked", "unknown"):
             what = "chunked attention" if p.kind == "chunked" else "a cache kvlab does not know"
-            return (f"PagedStore cannot page {p.label}: it is {what}, which cannot be cut into token "
+            return (f"{store} {p.label}: it is {what}, which cannot be cut into token "
                     "blocks exactly; use RadixStore")
         if p.kind == "window" and int(p.state[3]):
-            return (f"PagedStore cannot page {p.label}: its sliding window keeps {int(p.state[3])} "
+            return (f"{store} {p.label}: its sliding window keeps {int(p.state[3])} "
                     "sink tokens (keep > 0); use RadixStore")
     return ""
 

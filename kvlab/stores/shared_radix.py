@@ -22,11 +22,15 @@ trimmable model (its trimmed ``lcp``/``supersequence`` hits), with the same matc
 Under a budget the two keep different things: RadixStore drops whole entries, this store the
 deepest unshared tokens first.
 
-Only attention KV (``KVCache``, ``QuantizedKVCache``) can be cut per token. Hybrid models
-(SSM/conv ``ArraysCache`` layers) and rotating windows are refused like PagedStore refuses
-them: nothing is stored and lookups miss with a ``why`` pointing to RadixStore. Extra keys and
-the salt enter through ``CacheKey.symbols()``, as in RadixStore. One model and one KV format
-per store.
+Only attention KV (``KVCache``, ``QuantizedKVCache``) is cut per token. Sliding-window and
+recurrent layers (hybrid models, CacheList layers, pure recurrent models) are held as
+checkpoints (``kvlab.stores.shared_node``): each insert of such a model keeps one at its end
+(the Engine inserts at the positions its checkpoint policy names), and a hit is the deepest
+checkpoint on the matched path, at or below the limit, with the full KV sliced up to it.
+``components()`` gives the bytes of each kind. Chunked attention and windows with sink tokens
+are refused, the layer named; a store in front of a tier (``on_evict``) holds full KV only.
+Extra keys and the salt enter through ``CacheKey.symbols()``, as in RadixStore. One model and
+one KV format per store.
 
 Example:
     >>> store = kv.stores.SharedRadixStore(budget_bytes=256 << 20, policy="lru")
@@ -42,12 +46,14 @@ import polars as pl
 from ..errors import SnapshotError
 from ..keys import CacheKey
 from ..policies import KIND_PRIORITY, Unit, store_policy
+from ..primitives.cache_parts import assemble, fresh_of, parts_of, structure_of
 from ..primitives.snapshots import Snapshot
 from ..primitives.tokens import Tokens, common_prefix_len
 from .base import Capabilities, Match, too_big
 from .budgeted import BudgetedStore
-from .edge_kv import cut, join, nbytes_of, why_unsliceable
-from .shared_node import Node, edge_ids, frame_of, html_of
+from .edge_kv import cut, join, nbytes_of
+from .paged_parts import needs, obstacle
+from .shared_node import Node, checkpoint_of, components_of, edge_ids, frame_of, full_only, html_of, window_state
 
 SPLIT = "split"  # the reason logged when a node is replaced by its two halves
 
@@ -68,6 +74,7 @@ class SharedRadixStore(BudgetedStore):
         self._nodes: dict[int, Node] = {}
         self._fingerprint: str | None = None
         self._unsliceable = ""  # why the last snapshot offered could not be cut per token
+        self._parts = None  # the model's cache parts (kvlab.primitives.cache_parts), from its first snapshot
 
     # -- protocol ---------------------------------------------------------------------------------
     @property
@@ -77,7 +84,10 @@ class SharedRadixStore(BudgetedStore):
 
     @property
     def capabilities(self) -> Capabilities:
-        return Capabilities(holds=frozenset({"full"}), budget_bytes=self.budget_bytes, views=("tree",))
+        # a path handed to a tier below restores nothing of a window or a recurrent state
+        holds = {"full"} if self.on_evict is not None else {"full", "window", "recurrent", "list"}
+        return Capabilities(holds=frozenset(holds), budget_bytes=self.budget_bytes, views=("tree",),
+                            components=True)
 
     def lookup(self, key: CacheKey, tokens: Tokens, *, limit: int) -> Match:
         if self._unsliceable:
@@ -87,6 +97,14 @@ class SharedRadixStore(BudgetedStore):
         reuse = min(shared, limit)
         if reuse <= 0:
             return Match("miss", why="" if self._nodes else "nothing cached yet")
+        cp = None
+        if self._checkpointed:
+            at = max((p for n in path for p in n.checkpoints if p <= reuse), default=0)
+            if not at:
+                return Match("miss", why=f"{reuse} leading tokens are cached, but no checkpoint of "
+                             f"{needs(self._parts)} is held within them")
+            cp = next(n.checkpoints[at] for n in path if at in n.checkpoints)
+            reuse, cp.hits = at, cp.hits + 1
         used = [n for n in path if n.start < reuse]
         last = used[-1]
         if shared == len(sym):
@@ -97,10 +115,13 @@ class SharedRadixStore(BudgetedStore):
         for n in used:
             n.hits, n.last_used = n.hits + 1, tick
         snap = join([(n.kv, min(n.depth, reuse) - n.start) for n in used], key.ids[:reuse], self._fingerprint)
+        if cp is not None:
+            snap = self._with_checkpoint(snap, cp)
         return Match(kind, reuse, snap, last.depth, last.id)
 
     def insert(self, key: CacheKey, tokens: Tokens, snap: Snapshot, *, kind: str = "prompt") -> None:
-        why = why_unsliceable(snap)
+        parts = parts_of(snap)
+        why = obstacle(parts, "SharedRadixStore cannot slice")
         if why:
             self._unsliceable = why
             return
@@ -109,10 +130,19 @@ class SharedRadixStore(BudgetedStore):
         if n == 0:
             return
         self._check_model(snap)
+        if self._parts is None:
+            self._parts = structure_of(parts)
+        snap = full_only(snap, parts)
         path, depth = self._walk(sym)
+        # the node that holds token n - 1 already, if any, and whether it has a checkpoint at n
+        there = path[-1] if depth == n else None
+        cp = None
+        if self._checkpointed and (there is None or n not in there.checkpoints):
+            earlier = [(p, c) for x in path for p, c in x.checkpoints.items() if p <= depth and p < n]
+            cp = checkpoint_of(next(self._ids), parts, n, max(earlier, key=lambda pc: pc[0])[1] if earlier else None)
         # bytes the whole path holds once inserted: what it shares, and the rest from snap
         held = sum(x.nbytes if x.depth <= depth else nbytes_of(x.kv, 0, depth - x.start) for x in path)
-        new = nbytes_of(snap, depth, n)
+        new = nbytes_of(snap, depth, n) + (cp.nbytes if cp else 0)
         if held + new > self.budget_bytes:
             raise too_big(self.name, held + new, self.budget_bytes)
         if path and path[-1].depth > depth and depth < n:
@@ -121,13 +151,15 @@ class SharedRadixStore(BudgetedStore):
         for x in locked:
             x.lock += 1
         try:
+            self._make_room(new)
             if depth < n:
-                self._make_room(new)
                 parent = path[-1] if path else self.root
                 leaf = Node(next(self._ids), sym[depth:], parent, n, cut(snap, depth, n), kind)
                 parent.children[sym[depth]] = leaf
                 self._add(leaf)
                 path.append(leaf)
+            if cp is not None:
+                self._add_checkpoint(path[-1], cp, kind)
         finally:
             for x in locked:
                 x.lock -= 1
@@ -157,6 +189,27 @@ class SharedRadixStore(BudgetedStore):
             node = child
         return path, depth
 
+    @property
+    def _checkpointed(self) -> bool:
+        """A hit needs a checkpoint (this model has window or recurrent parts)."""
+        return bool(self._parts) and bool(needs(self._parts))
+
+    def _add_checkpoint(self, node: Node, cp, kind: str) -> None:
+        node.checkpoints[cp.position] = cp
+        self._bytes += cp.nbytes
+        self.policy.remove(node.id)  # no resize in the policy interface: the insert re-registers it
+        self.log.add("checkpoint_stored", tokens=cp.position, nbytes=cp.nbytes, entry=node.id, kind=kind)
+
+    def _with_checkpoint(self, full: Snapshot, cp) -> Snapshot:
+        """The snapshot at ``cp.position``: full KV from the path, the rest from the checkpoint."""
+        states, f = {}, 0
+        for i, p in enumerate(self._parts):
+            if p.kind == "full":
+                states[i], f = full.layers[f].state, f + 1
+            else:
+                states[i] = fresh_of(window_state(cp, i) if p.kind == "window" else cp.states[i])
+        return Snapshot(assemble(self._parts, states, full.offset), full.offset, full.token_ids, full.fingerprint)
+
     def _unit(self, node: Node, kind: str) -> Unit:
         parent = None if node.parent is self.root else node.parent.id
         return Unit(node.id, node.nbytes, node.start, node.tokens, parent, KIND_PRIORITY.get(kind, 0))
@@ -164,6 +217,7 @@ class SharedRadixStore(BudgetedStore):
     def _add(self, node: Node) -> None:
         self._nodes[node.id] = node
         self._bytes += node.nbytes
+        # a split's halves carry their checkpoints' bytes, so evict and insert events still balance
         self.log.add("insert", tokens=node.tokens, nbytes=node.nbytes, entry=node.id, kind=node.kind)
 
     def _split(self, node: Node, m: int) -> Node:
@@ -177,6 +231,8 @@ class SharedRadixStore(BudgetedStore):
             x.hits, x.last_used, x.lock = node.hits, node.last_used, node.lock
         head.ends = {e for e in node.ends if e <= start + m}
         tail.ends = node.ends - head.ends
+        head.checkpoints = {p: c for p, c in node.checkpoints.items() if p <= start + m}
+        tail.checkpoints = {p: c for p, c in node.checkpoints.items() if p > start + m}
         for child in tail.children.values():
             child.parent = tail
         head.children = {tail.edge[0]: tail}
@@ -199,14 +255,17 @@ class SharedRadixStore(BudgetedStore):
             self._evict(self._nodes[self.policy.victim(self._evictable)])
 
     def _evict(self, node: Node) -> None:
-        if self.on_evict is not None:
+        if self.on_evict is not None and not self._checkpointed:
             self.on_evict(str(node.id), self._path_snapshot(node))  # hand it over first
         del node.parent.children[node.edge[0]]
         del self._nodes[node.id]
         self.policy.remove(node.id)  # a no-op after the policy chose it as victim
         self._bytes -= node.nbytes
         self.evictions += 1
-        self.log.add("evict", tokens=node.tokens, nbytes=node.nbytes, entry=node.id,
+        for cp in node.checkpoints.values():  # first, as PagedStore drops a block's checkpoint
+            self.log.add("checkpoint_removed", tokens=cp.position, nbytes=cp.nbytes, entry=node.id,
+                         reason=self.policy.name)
+        self.log.add("evict", tokens=node.tokens, nbytes=node.kv_nbytes, entry=node.id,
                      reason=self.policy.name, capacity=True)
 
     def _path_snapshot(self, node: Node) -> Snapshot:
@@ -233,6 +292,12 @@ class SharedRadixStore(BudgetedStore):
         """True when the tree holds the KV of every token of ``key``."""
         sym = key.symbols()
         return self._walk(sym)[1] == len(sym)
+
+    def components(self) -> dict:
+        """Bytes held per component (``full`` KV slices, ``window`` KV and ``recurrent`` state in
+        checkpoints), the checkpoint count, and per layer the window KV tokens held. ``nbytes``
+        (their sum) stays the store's memory figure."""
+        return components_of(self._nodes.values(), self._parts)
 
     def tree_frame(self) -> pl.DataFrame:
         """One row per node, RadixStore.tree_frame's columns: id, parent, start, depth, tokens,

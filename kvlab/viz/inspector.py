@@ -32,7 +32,7 @@ from .budget import BudgetReplay
 from .curves import hit_rate_curves
 from .extras import require
 from .memory import memory_over_time
-from .panels import misses_figure, sync, table_html, table_rows
+from .panels import components_of, components_text, misses_figure, sync, table_html, table_rows
 from .prompt_diff import divergence
 from .tree import prefix_tree
 
@@ -147,7 +147,7 @@ class Inspector:
         """Redraw everything from the engine's current results, events and store."""
         results = self.engine.results
         s = self.engine.stats()
-        self.header.value = self._header(s)
+        self.header.value = self._header(s, *components_text(components_of(self.store, self._caps)))
         options = [(f"#{r.request_id} {r.match} {r.reused_tokens}/{r.prompt_tokens}", r.request_id)
                    for r in results]
         follow = self.request.value is None or (len(self.request.options) > 0
@@ -316,6 +316,7 @@ class Inspector:
             "replay": self.mode.value,
             "simulated": sim,
             "error": self.last_error,
+            "components": components_of(self.store, self._caps),
         }
 
     def __repr__(self) -> str:
@@ -335,7 +336,8 @@ class Inspector:
         budget = self._budget_bytes()
         sim = self.resimulate(budget)
         replay = f"replay at {fmt_bytes(budget)}: token hit {sim['token_hit_rate']:.1%}" if sim else None
-        return self._header(self.engine.stats(), replay)
+        parts = components_text(components_of(self.store, self._caps))
+        return self._header(self.engine.stats(), replay, *parts)
 
     def _ipython_display_(self) -> None:
         from IPython.display import display

@@ -15,6 +15,8 @@ import plotly.graph_objects as go
 
 from .misses import miss_reasons
 
+COMPONENT_LABELS = {"full": "full KV", "window": "window KV", "recurrent": "recurrent state"}
+
 TABLE_COLUMNS = ("#", "match", "reused / prompt", "reuse", "TTFT ms", "prefill ms", "evictions", "why")
 
 
@@ -69,3 +71,19 @@ def misses_figure(results) -> go.Figure:
                                      title="why tokens missed: not recorded by this server's cache "
                                            "(serve a kvlab store, or run the requests through a kv.Engine)"))
     return miss_reasons(results, title="why prompt tokens were not reused, per request")
+
+
+def components_of(store, caps) -> dict | None:
+    """Bytes per component (``full``, ``window``, ``recurrent``) and the checkpoint count of a
+    store whose capabilities say it reports them, else None."""
+    if store is None or not caps.components:
+        return None
+    c = store.components()
+    return {**{k: int(c[k]) for k in COMPONENT_LABELS}, "checkpoints": int(c["checkpoints"])}
+
+
+def components_text(c: dict | None) -> tuple[str, ...]:
+    """The header's words for ``components_of``'s figures (exact bytes: they are what is measured)."""
+    if c is None:
+        return ()
+    return tuple(f"{label} {c[k]:,} B" for k, label in COMPONENT_LABELS.items()) + (f"{c['checkpoints']} checkpoints",)

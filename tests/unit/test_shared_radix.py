@@ -282,13 +282,8 @@ def test_salt_and_extra_keys_part_the_tree():
     assert store.lookup(CacheKey(ids, salt="tenant-2"), TOKS, limit=13).tokens == 0
 
 
-def test_refuses_non_attention_layers_and_other_models():
+def test_refuses_other_models():  # recurrent layers: test_shared_radix_hybrid.py
     ids = tuple(range(8))
-    hybrid = SharedRadixStore(1 << 20)
-    hybrid.insert(CacheKey(ids), TOKS, synthetic(ids, recurrent=True))
-    assert hybrid.entries == 0 and hybrid.nbytes == 0 and not hybrid.drain_events()
-    m = hybrid.lookup(CacheKey(ids), TOKS, limit=7)
-    assert m.kind == "miss" and "layer 2 is ArraysCache" in m.why and "RadixStore" in m.why
     store = SharedRadixStore(1 << 20)
     store.insert(CacheKey(ids), TOKS, synthetic(ids, fingerprint="model-a"))
     with pytest.raises(SnapshotError, match="one store per model"):
