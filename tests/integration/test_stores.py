@@ -214,12 +214,18 @@ def test_paged_budget_smaller_than_one_request(tiny, repetition):
         engine.run(repetition[0], max_tokens=1)
 
 
-def test_paged_on_a_hybrid_model_says_why(tiny_hybrid, conversation):
-    engine = kv.Engine(tiny_hybrid, kv.PagedStore(block_size=BS, num_blocks=1024))
+def test_paged_on_a_hybrid_model_reuses_at_block_ends(tiny_hybrid, conversation):
+    # the paged store keeps the recurrent (conv) state as checkpoints at block ends: each turn
+    # reuses up to the deepest block end inside the shared history, exactly. Mutants caught: the
+    # store refusing recurrent layers (0 reused), a checkpoint matched past the divergence (logits
+    # move beyond TOL), checkpoint bytes left out of the store's total
+    engine = kv.Engine(tiny_hybrid, kv.PagedStore(block_size=BS, num_blocks=1024), verify=True)
     results = [engine.run(r, max_tokens=MAX_TOKENS) for r in conversation]
-    assert [r.reused_tokens for r in results] == [0, 0, 0]
-    assert "layer 0 is ArraysCache" in results[1].why and "RadixStore" in results[1].why
-    assert engine.store.nbytes == 0
+    assert [r.reused_tokens for r in results] == [0, 128, 240]
+    assert all(r.verify_diff <= TOL for r in results)
+    parts = engine.store.components()
+    assert parts["window"] == 0 and parts["recurrent"] > 0
+    assert engine.store.nbytes == parts["full"] + parts["recurrent"]
 
 
 def test_system_prompt_store_only_one_entry(tiny, shared_system, conversation):
