@@ -79,7 +79,7 @@ def bench_conformance(model_types=None, stores=None, workload: str = "branching"
             f"- {x['model_type']} x {x['store']}: {x['status']}: {x['reason'] or 'no reason given'}"
             for x in missed)
     return Table(f"conformance: {len(model_types)} cache families x {len(stores)} stores on the {workload} "
-                 "workload", f"kvlab bench --only conformance  (cells: kvlab conformance --workload {workload})",
+                 "workload", f"kvlab bench --only conformance  (cells: kvlab conformance --workloads {workload})",
                  ("model type", "family", *stores), tuple(rows), notes,
                  values={"counts": counts, "cells": len(cells), "workload": workload,
                          "not_exact": [{k: x[k] for k in ("model_type", "store", "status", "reason")}
