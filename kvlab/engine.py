@@ -18,7 +18,7 @@ import polars as pl
 from mlx_lm.generate import generate_step
 
 from . import _blas
-from .checkpoints import parse_policy
+from .checkpoints import parse_policy, prefill_stops
 from .errors import KvlabError, RequestError
 from .keys import CacheKey, cache_key
 from .policies.reasons import ALL_REASONS
@@ -205,10 +205,8 @@ class Engine:
         snapshot was taken."""
         ids, bounds = toks.ids, ()
         if self.checkpoints and self.store is not None:
-            bounds = self.checkpoint_policy.positions(toks, self.model.tokenizer)
-            every = self.store.capabilities.checkpoint_every  # a store keeping recurrent state at block ends
-            if every and "recurrent" in self.model.layout.kind_set:
-                bounds = sorted(set(bounds) | set(range(every, len(ids), every)))
+            bounds = prefill_stops(self.checkpoint_policy.positions(toks, self.model.tokenizer), len(ids),
+                                   self.store.capabilities, self.model.layout)
             bounds = tuple(b for b in bounds if b > reused)
         cache = make_cache(self.model) if cache is None else cache
         pos, checkpoints = reused, 0

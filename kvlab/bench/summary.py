@@ -164,7 +164,7 @@ def _cost_aware(v: dict) -> tuple[bool, str]:
 def _hybrid_ttft(v: dict) -> tuple[bool, str]:
     s = v["seconds"]
     limit = s["limit"]["median"]
-    stores = list(v["reused"])
+    stores = v["judged"]
     return (all(s[n]["median"] <= 1.10 * limit for n in stores),
             ", ".join(f"{n} {s[n]['median'] / limit:.2f}x" for n in stores)
             + f" of the limit ({limit * 1e3:.0f} ms: {v['n'] - v['p']} of {v['n']} tokens, {v['model']})")

@@ -36,7 +36,7 @@ from .simple import (THINK_TAIL, CheckpointPolicy, Every, LastMessage, LogSpaced
 __all__ = ["POLICIES", "CheckpointPolicy", "CostAware", "Every", "LastMessage", "LogSpaced",
            "MessageEnds", "NoCheckpoints", "NominalCost", "Optimal", "SegmentEnds", "Sightings",
            "StateBytes", "THINK_TAIL", "Tail", "check_policy", "clip", "parse_policy", "plan_optimal",
-           "positions", "reachable", "segment_ends"]
+           "positions", "prefill_stops", "reachable", "segment_ends"]
 
 POLICIES = ("message_ends", "segment_ends", "none", "tail", "every", "last_message", "log_spaced",
             "cost_aware", "optimal")
@@ -88,3 +88,21 @@ def positions(policy, toks, tokenizer=None) -> tuple[int, ...]:
     in 1..n-1. ``segment_ends`` needs the tokenizer (it renders the system messages again, as
     mlx-lm does)."""
     return parse_policy(policy).positions(toks, tokenizer)
+
+
+def prefill_stops(policy_positions, n: int, capabilities, layout) -> tuple[int, ...]:
+    """Where a prompt of n tokens is snapshotted while it is prefilled, for a store of
+    ``capabilities`` and a model of ``layout``: the policy's positions, except that a store keeping
+    recurrent state only at its block ends (``checkpoint_every``) gets each moved down to the block
+    end at or below it, plus a block end every ``checkpoint_every`` tokens (vLLM's hybrid "align"
+    mode). The Engine and ``kvlab serve`` cut prompts here, so both make the same checkpoints.
+
+    Example:
+        >>> prefill_stops((345, 871), 872, paged_caps, qwen3_5_layout)  # block 16, every 256
+        (256, 336, 512, 768, 864)
+    """
+    every = capabilities.checkpoint_every if capabilities is not None else None
+    if not every or "recurrent" not in layout.kind_set:
+        return clip(policy_positions, n)
+    block = capabilities.block_size
+    return clip({p // block * block for p in policy_positions} | set(range(every, n, every)), n)

@@ -95,8 +95,18 @@ class SegmentEnds(CheckpointPolicy):
         return segment_ends(toks, tokenizer) + [len(toks.ids) - 1]
 
 
+class Sized(CheckpointPolicy):
+    """A policy with a size in tokens, spelt ``name:n``."""
+
+    n: int = 0
+
+    @property
+    def spec(self) -> str:
+        return f"{self.name}:{self.n}"
+
+
 @dataclass(frozen=True, repr=False)
-class Tail(CheckpointPolicy):
+class Tail(Sized):
     """One checkpoint ``n`` tokens before the end of the prompt: mlx-engine keeps the last 11
     tokens out of its cache so that a template's changing tail is recomputed."""
 
@@ -104,26 +114,18 @@ class Tail(CheckpointPolicy):
     name = "tail"
     server = "mlx-engine (LM Studio): the prompt minus its last 11 tokens"
 
-    @property
-    def spec(self) -> str:
-        return f"tail:{self.n}"
-
     def ends(self, toks, tokenizer):
         return [len(toks.ids) - self.n]
 
 
 @dataclass(frozen=True, repr=False)
-class Every(CheckpointPolicy):
+class Every(Sized):
     """Block-aligned checkpoints every ``n`` tokens (n, 2n, ...): oMLX's block snapshots (every
     2048/4096 tokens) and vLLM's hybrid "align" mode (recurrent state at block boundaries)."""
 
     n: int = 256
     name = "every"
     server = "oMLX block snapshots, vLLM hybrid align mode"
-
-    @property
-    def spec(self) -> str:
-        return f"every:{self.n}"
 
     def ends(self, toks, tokenizer):
         return list(range(self.n, len(toks.ids), self.n))

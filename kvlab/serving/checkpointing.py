@@ -19,7 +19,7 @@ Example:
 
 from __future__ import annotations
 
-from ..checkpoints import parse_policy
+from ..checkpoints import parse_policy, prefill_stops
 from ..primitives.display import summary_html
 
 
@@ -30,10 +30,9 @@ class ServedCheckpoints:
     def __init__(self, policy, model, store):
         self.policy = parse_policy(policy).for_model(model)
         self.model = model
-        caps = store.capabilities if store is not None else None
-        every = caps.checkpoint_every if caps is not None else None
-        # the Engine's rule: a store keeping recurrent state at block ends gets a snapshot there
-        self.every = every if every and "recurrent" in model.layout.kind_set else None
+        self.caps = store.capabilities if store is not None else None
+        every = self.caps.checkpoint_every if self.caps is not None else None
+        self.every = every if every and "recurrent" in model.layout.kind_set else None  # prefill_stops' rule
         self.active = store is not None and self.policy.name != "none"
 
     @property
@@ -49,10 +48,8 @@ class ServedCheckpoints:
         """Where a prompt is snapshotted while prefilling (the Engine's positions, same order)."""
         if not self.active:
             return ()
-        bounds = set(self.policy.positions(toks, self.model.tokenizer))
-        if self.every:
-            bounds |= set(range(self.every, len(toks.ids), self.every))
-        return tuple(sorted(b for b in bounds if 0 < b < len(toks.ids)))
+        return prefill_stops(self.policy.positions(toks, self.model.tokenizer), len(toks.ids), self.caps,
+                             self.model.layout)
 
     def split(self, toks, prompt, segments, types) -> tuple[list, list]:
         """mlx-lm's ``(segments, segment_types)`` recut at ``positions(toks)``. A segment ending

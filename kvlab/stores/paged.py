@@ -19,9 +19,9 @@ in ``kv.simulate``. Blocks a running request holds are never victims.
 Sliding-window and recurrent layers (hybrid models, CacheList layers) are held too
 (``kvlab.stores.paged_parts``): a window layer keeps only the blocks inside the window before
 each checkpoint, a recurrent state is kept as a checkpoint at a block end the prompt was
-snapshotted at (the store asks the Engine for one at every block end through
-``Capabilities.checkpoint_every``), and a hit lands on the deepest checkpoint along the prompt's
-cached blocks. ``components()`` gives the bytes of each kind. Chunked attention is refused, the
+snapshotted at (the store asks the Engine for one every ``checkpoint_every`` tokens through
+``Capabilities.checkpoint_every``; the policy's positions move down to block ends), and a hit
+lands on the deepest checkpoint along the prompt's cached blocks. ``components()`` gives the bytes of each kind. Chunked attention is refused, the
 layer named. A paged store in front of a disk tier (``on_evict``) holds full KV only.
 
 Example:
@@ -78,26 +78,41 @@ class Block:
                             f"{self.nbytes} B", f"ref {self.ref_cnt}", f"{self.hits} hits")
 
 
+CHECKPOINT_TOKENS = 256  # default recurrent checkpoint interval, rounded up to a block end
+
+
 class PagedStore(CheckpointBook, BudgetedStore):
     """vLLM-style paged prefix cache (see module docstring).
 
     ``num_blocks`` is the pool size; ``budget_bytes`` (default 25% of RAM) also caps the resident
     bytes. Both bound what stays cached; ``policy`` (a name or a ``kvlab.policies.Policy``;
     default the least recently freed block first) and ``policy_params`` say which block goes.
+    ``checkpoint_every`` (a multiple of ``block_size``, default 256 tokens rounded up to one):
+    how often a prompt of a model with recurrent layers is snapshotted at a block end besides its
+    checkpoint policy's positions (moved down to block ends: ``kvlab.checkpoints.prefill_stops``).
+    ``block_size`` reuses the most and splits a prefill into block-sized pieces, which is slower
+    (BENCHMARKS.md's hybrid TTFT rows); vLLM's align mode uses blocks of hundreds of tokens, oMLX
+    snapshots every 2048/4096.
     """
 
     name = "paged"
 
     def __init__(self, block_size: int = 16, num_blocks: int | None = None, *,
                  budget_bytes: int | None = None, policy="lru", policy_params: dict | None = None,
-                 on_evict=None):
+                 on_evict=None, checkpoint_every: int | None = None):
         if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size <= 0:
             raise BlockSizeError(f"block_size must be a positive int (vLLM uses 16), got {block_size!r}")
         if num_blocks is not None and (isinstance(num_blocks, bool) or not isinstance(num_blocks, int)
                                        or num_blocks <= 0):
             raise BudgetError(f"num_blocks must be a positive int (the pool size), got {num_blocks!r}")
+        every = checkpoint_every if checkpoint_every is not None else -(-CHECKPOINT_TOKENS // block_size) * block_size
+        if isinstance(every, bool) or not isinstance(every, int) or every <= 0 or every % block_size:
+            raise BlockSizeError(f"checkpoint_every must be a positive multiple of block_size={block_size} "
+                                 f"(a block end; default {CHECKPOINT_TOKENS} rounded up to one), got "
+                                 f"{checkpoint_every!r}")
         super().__init__(budget_bytes, on_evict)  # on_evict(block_hash_hex, block snapshot)
         self.block_size = block_size
+        self.checkpoint_every = every
         self.num_blocks = num_blocks
         # capacity in blocks; without num_blocks it is known once a snapshot gives a block's bytes
         self.policy = store_policy(policy, num_blocks, policy_params, store=self.name)
@@ -123,7 +138,7 @@ class PagedStore(CheckpointBook, BudgetedStore):
         # a block handed to a disk tier alone restores nothing of a window or a recurrent state
         holds = {"full"} if self.on_evict is not None else {"full", "window", "recurrent", "list"}
         return Capabilities(block_size=self.block_size, holds=frozenset(holds), budget_bytes=self.budget_bytes,
-                            views=("blocks",), checkpoint_every=None if self.on_evict else self.block_size,
+                            views=("blocks",), checkpoint_every=None if self.on_evict else self.checkpoint_every,
                             components=True)
 
     def lookup(self, key: CacheKey, tokens: Tokens, *, limit: int) -> Match:

@@ -149,8 +149,9 @@ def test_hybrid_caches_without_a_checkpoint_are_not_trimmable(tiny_hybrid):
     checkpointed = kv.Engine(tiny_hybrid, kv.RadixStore())
     checkpointed.run(conv[0], max_tokens=1)
     assert nonzero(checkpointed.run(conv[0], max_tokens=1)) == {"partial_block": 1}
-    # the paged store checkpoints the recurrent state at every block end: the repeat reuses whole
-    # blocks (mutant caught: the Engine ignoring Capabilities.checkpoint_every -> not_trimmable)
+    # the paged store checkpoints the recurrent state at block ends (the policy's n - 1 moved down
+    # to one): the repeat reuses whole blocks (mutant caught: the Engine cutting at n - 1 itself,
+    # where the paged store cannot keep a recurrent state -> not_trimmable)
     paged = kv.Engine(tiny_hybrid, kv.PagedStore(block_size=16))
     paged.run(conv[0], max_tokens=1)
     full = (n - 1) // 16 * 16

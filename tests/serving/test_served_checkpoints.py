@@ -152,7 +152,7 @@ def test_split_recuts_mlx_lm_segments_at_the_policy_positions():
     from kvlab.serving.checkpointing import ServedCheckpoints
 
     def store(every=None):
-        return SimpleNamespace(capabilities=SimpleNamespace(checkpoint_every=every))
+        return SimpleNamespace(capabilities=SimpleNamespace(checkpoint_every=every, block_size=every and 8))
 
     hybrid_model = SimpleNamespace(layout=SimpleNamespace(kind_set={"full", "recurrent"}), tokenizer=None)
     ids = tuple(range(100, 140))  # 40 tokens: system 0-12, user 12-30, generation prompt 30-40
@@ -171,8 +171,8 @@ def test_split_recuts_mlx_lm_segments_at_the_policy_positions():
 
     paged = ServedCheckpoints("segment_ends", hybrid_model, store(every=16))
     assert not paged.is_mlx_default
-    toks_seg = Tokens(ids, "", toks.spans)  # no messages: segment_ends cuts at n - 1 only
-    assert paged.positions(toks_seg) == (16, 32, 39)
+    toks_seg = Tokens(ids, "", toks.spans)  # no messages: segment_ends cuts at n - 1 = 39 only,
+    assert paged.positions(toks_seg) == (16, 32)  # moved down to a block end of 8, with every 16
 
     none = ServedCheckpoints("none", hybrid_model, store(every=16))
     assert none.positions(toks) == () and none.split(toks, list(ids), mlx_segments, mlx_types) == ([list(ids)], [])

@@ -288,9 +288,9 @@ def test_family_targets_are_judged_from_the_values():
 
     def hybrid(radix, paged, limit=0.1, cold=1.0):
         s = {"cold prefill": spread_of(cold), "radix": spread_of(radix), "paged": spread_of(paged),
-             "limit": spread_of(limit)}
-        return fake("hybrid_ttft", seconds=s, reused={"radix": 768, "paged": 768}, n=1024, p=768,
-                    model="tiny:qwen3_5")
+             "paged, checkpoint_every 16": spread_of(1.0), "limit": spread_of(limit)}
+        return fake("hybrid_ttft", seconds=s, reused={"radix": 768, "paged": 768, "paged, checkpoint_every 16": 768},
+                    judged=["radix", "paged"], n=1024, p=768, model="tiny:qwen3_5")
 
     assert summary_row([hybrid(0.105, 0.11)], "hybrid model: cached TTFT")[1:] == (
         "radix 1.05x, paged 1.10x of the limit (100 ms: 256 of 1024 tokens, tiny:qwen3_5)", "met")

@@ -167,3 +167,31 @@ def test_cost_aware_waits_for_a_repeated_sighting_and_says_so():
     assert policy.positions(second) == (25, 33, 37, 44)  # asking again counts no new sighting
     # 10, 25, 33, 37 and the second prompt's 43 were declined on first sight
     assert repr(policy.memory) == "Sightings(2 prompts, 7 prefixes, 5 waiting for a repeat)"
+
+
+def test_prefill_stops_move_policy_positions_to_block_ends_for_a_recurrent_model_in_a_paged_store():
+    """Mutants: positions left where the policy put them (345 is no block end: the paged store
+    keeps no recurrent state there), block ends every block instead of every checkpoint_every,
+    or the rule applied to a model without recurrent layers (its windows can be kept anywhere)."""
+    from types import SimpleNamespace
+
+    from kvlab.checkpoints import prefill_stops
+
+    paged = SimpleNamespace(checkpoint_every=256, block_size=16)
+    hybrid, sliding = SimpleNamespace(kind_set={"full", "recurrent"}), SimpleNamespace(kind_set={"full", "window"})
+    assert prefill_stops((345, 871), 872, paged, hybrid) == (256, 336, 512, 768, 864)
+    assert prefill_stops((345, 871), 872, paged, sliding) == (345, 871)
+    radix = SimpleNamespace(checkpoint_every=None, block_size=None)
+    assert prefill_stops((871, 345, 0, 872), 872, radix, hybrid) == (345, 871)
+    assert prefill_stops((5,), 872, paged, hybrid) == (256, 512, 768)  # a position in the first block
+
+
+def test_a_paged_store_checkpoints_every_256_tokens_by_default_on_a_block_end():
+    from kvlab.errors import BlockSizeError
+    from kvlab.stores import PagedStore
+
+    assert PagedStore(block_size=16).capabilities.checkpoint_every == 256
+    assert PagedStore(block_size=100).capabilities.checkpoint_every == 300
+    assert PagedStore(block_size=16, checkpoint_every=32).capabilities.checkpoint_every == 32
+    with pytest.raises(BlockSizeError, match="checkpoint_every must be a positive multiple of block_size=16"):
+        PagedStore(block_size=16, checkpoint_every=40)
