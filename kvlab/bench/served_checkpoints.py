@@ -17,6 +17,7 @@ Example:
 
 from __future__ import annotations
 
+from .serving import served_load
 from .settings import Settings
 from .table import Table, spread
 
@@ -78,21 +79,13 @@ def _table(runs: dict, budget: int, repeats: int, model: str, load: dict, fmt_by
 
 def _one(model: str, policy: str, budget, load: dict) -> dict:
     """One fresh ``kvlab serve`` (stopped by pid when done) under the agentic load."""
-    from ..errors import KvlabError
-    from ..serving.loadgen import generate_load
     from ..serving.peers import start_kvlab_serve
 
     params = {k: v for k, v in load.items() if k not in ("concurrency", "users")}
     with start_kvlab_serve(model, "radix", budget=budget, extra_args=("--checkpoints", policy)) as srv:
-        try:
-            r = generate_load(srv.url, "agentic_loop", concurrency=load["concurrency"], users=load["users"],
-                              seed=0, progress=False, **params)
-        except KvlabError as e:
-            raise KvlabError(f"{srv!r} with --checkpoints {policy}: {e}\nits log ends:\n{srv.log(tail=15)}") from e
+        r = served_load(srv, f"with --checkpoints {policy}", "agentic_loop", concurrency=load["concurrency"],
+                        users=load["users"], seed=0, **params)
     s = r.summary
-    if s["failed"]:
-        raise KvlabError(f"{policy}: {s['failed']} of {r.frame.height} requests failed: "
-                         f"{r.frame.filter(~r.frame['ok'])['error'][0]}")
     stats = r.server_after.get("/kvlab/stats") or {}
     return {"reused_tokens": int(s["reused_tokens"] or 0), "token_hit_rate": s["token_hit_rate"] or 0.0,
             "ttft_ms_p50": s["ttft_ms_p50"], "ttft_ms_p99": s["ttft_ms_p99"],

@@ -87,21 +87,30 @@ def bench_serving(model, repeats: int, *, concurrency=CONCURRENCY, servers=None,
                  _notes(runs, concurrency), values={"runs": _medians(runs), "plain": PLAIN, "model": model.name})
 
 
-def _one(srv, model, c, rep, requests, prefix_len, suffix_len, output_len) -> dict:
+def served_load(srv, what: str, workload: str, **kw):
+    """``generate_load`` against a started server ``srv``, every request answered: a failure raises
+    KvlabError naming ``what`` was measured, with the end of the server's log."""
     from ..errors import KvlabError
     from ..serving.loadgen import generate_load
-    from ..primitives.units import fmt_bytes
 
     try:
-        r = generate_load(srv.url, "prefix_repetition", tokenizer=model, concurrency=c, num_requests=requests,
-                      prefix_len=prefix_len, suffix_len=suffix_len, output_len=output_len, num_prefixes=1,
-                      seed=1000 * rep + c, progress=False)
+        r = generate_load(srv.url, workload, progress=False, **kw)
     except KvlabError as e:
-        raise KvlabError(f"{srv!r} at concurrency {c}: {e}\nits log ends:\n{srv.log(tail=15)}") from e
+        raise KvlabError(f"{srv!r} {what}: {e}\nits log ends:\n{srv.log(tail=15)}") from e
+    failed = r.summary["failed"]
+    if failed:
+        raise KvlabError(f"{srv!r} {what}: {failed} of {r.frame.height} requests failed: "
+                         f"{r.frame.filter(~r.frame['ok'])['error'][0]}\nits log ends:\n{srv.log(tail=15)}")
+    return r
+
+
+def _one(srv, model, c, rep, requests, prefix_len, suffix_len, output_len) -> dict:
+    from ..primitives.units import fmt_bytes
+
+    r = served_load(srv, f"at concurrency {c}", "prefix_repetition", tokenizer=model, concurrency=c,
+                    num_requests=requests, prefix_len=prefix_len, suffix_len=suffix_len, output_len=output_len,
+                    num_prefixes=1, seed=1000 * rep + c)
     s = r.summary
-    if s["failed"]:
-        raise KvlabError(f"{srv!r}: {s['failed']} of {r.frame.height} requests failed at concurrency {c}: "
-                         f"{r.frame.filter(~r.frame['ok'])['error'][0]}")
     delta, after = r.server_delta(), r.server_after
     hit, note = s["token_hit_rate"], ""
     saved = delta.get("/v1/cache/stats:engine_cache.tokens_saved")

@@ -139,7 +139,7 @@ def _adapter(v: dict) -> tuple[bool, str]:
 
 
 def _cost_model(v: dict) -> tuple[bool, str]:
-    load = ", ".join(f"{n} tokens {r:.2f}x" for n, r in v["disk_load_vs_recompute"].items())
+    load = ", ".join(f"{n} tokens {r:.2g}x" for n, r in v["disk_load_vs_recompute"].items())
     return (v["mape_holdout"] <= 0.15,
             f"held-out MAPE {v['mape_holdout']:.1%} (fit {v['mape_fit']:.1%}); disk load / recompute: {load}")
 

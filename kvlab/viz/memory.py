@@ -1,4 +1,4 @@
-"""Store memory over time: bytes after every insert / evict / block event, stacked by kind.
+"""Store memory over time: bytes after every insert / evict / block / checkpoint event, stacked by kind.
 
 Example:
     >>> fig = kv.viz.memory_over_time(engine.events, budget_bytes=64 << 20)
@@ -15,7 +15,9 @@ from ..errors import VizError
 from ..primitives.units import fmt_bytes
 from .common import COLORS, as_frame, empty, need
 
-STORE_EVENTS = {"insert": 1, "block_stored": 1, "evict": -1, "block_removed": -1}
+# a hybrid or sliding model's checkpoints and window KV are bytes the store holds too
+STORE_EVENTS = {"insert": 1, "block_stored": 1, "evict": -1, "block_removed": -1, "checkpoint_stored": 1,
+                "window_stored": 1, "checkpoint_removed": -1, "window_released": -1}
 
 
 def memory_over_time(events, budget_bytes: int | None = None, *, by: str = "kind",

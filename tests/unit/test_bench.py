@@ -182,7 +182,9 @@ def test_summary_is_computed_from_the_values():
         return fake("tiers", mape_holdout=mape, mape_fit=0.05, disk_load_vs_recompute={256: 0.5}, model="m")
 
     assert summary_row([tiers(0.15)], "prefill cost model")[1:] == (
-        "held-out MAPE 15.0% (fit 5.0%); disk load / recompute: 256 tokens 0.50x", "met")
+        "held-out MAPE 15.0% (fit 5.0%); disk load / recompute: 256 tokens 0.5x", "met")
+    small = fake("tiers", mape_holdout=0.1, mape_fit=0.05, disk_load_vs_recompute={2048: 0.000679}, model="m")
+    assert summary_row([small], "prefill cost model")[1].endswith("2048 tokens 0.00068x")  # not "0.00x"
     assert summary_row([tiers(0.151)], "prefill cost model")[2] == "not met"
 
 
