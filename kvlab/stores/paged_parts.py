@@ -37,7 +37,8 @@ from ..primitives.cache_parts import (WINDOWED, Part, arrays_of, copy_of, full_k
 from ..primitives.display import summary_html
 from ..primitives.units import fmt_bytes
 
-COMPONENTS = ("full", "window", "recurrent")
+COMPONENTS = ("full", "window", "recurrent")  # chunked-attention KV counts as window KV
+WINDOW_WORDS = {"window": "sliding window", "chunked": "chunked attention"}
 
 
 @dataclass(eq=False)
@@ -169,7 +170,7 @@ class CheckpointBook:
         self._checkpoints[last.hash] = cp
         self._bytes += nbytes
         self.log.add("checkpoint_stored", tokens=k * b, nbytes=nbytes, entry=last.hash.hex(),
-                     kind="recurrent state" if states else "sliding window")
+                     kind="recurrent state" if states else next(WINDOW_WORDS[p.kind] for p in parts if p.kind in WINDOWED))
         self._release(held)
 
     def _add_window(self, block: Block, i: int, kv) -> None:
@@ -179,7 +180,7 @@ class CheckpointBook:
         block.nbytes += nbytes
         self._bytes += nbytes
         self.log.add("window_stored", tokens=self.block_size, nbytes=nbytes, entry=block.hash.hex(),
-                     kind=self._parts[i].kind.replace("window", "sliding window") + f" of {window_of(self._parts[i])}")
+                     kind=f"{WINDOW_WORDS[self._parts[i].kind]} of {window_of(self._parts[i])}")
 
     def _release(self, blocks) -> None:
         """Drop the window KV of blocks no checkpoint's window reaches."""
