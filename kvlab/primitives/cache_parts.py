@@ -12,6 +12,11 @@ says which position its first token is; ``rotating_state`` builds the state of a
 holds exactly the given tokens, which continues as the cold cache would (mlx-lm drops all but the
 last ``max_size - 1`` of them before the next multi-token step, and the mask hides the rest).
 
+A ChunkedKVCache (Llama 4, chunk C) is held the same way, as a window of C (``WINDOWED``): mlx-lm
+keeps only its last C tokens before each step (``maybe_trim_front``) and masks by absolute
+position, so ``chunked_state`` of the last min(p, C) tokens before p, ``start_position`` at the
+first of them, is the cache a cold prefill of p tokens continues from.
+
 Example:
     >>> parts = parts_of(snap)                                   # doctest: +SKIP
     >>> [p.kind for p in parts]
@@ -30,6 +35,9 @@ from mlx_lm.models import cache as mlx_cache
 from .display import summary_html
 from .layout import FULL_CLASSES
 from .snapshots import LayerState
+
+
+WINDOWED = ("window", "chunked")  # kinds held as the last W tokens before a position
 
 
 def kind_of(cls: str) -> str:
@@ -117,7 +125,14 @@ def full_kv(state, start: int, end: int) -> tuple:
 
 def window_kv(state) -> tuple[mx.array | None, mx.array | None, int]:
     """(keys, values, position of the first) of what a RotatingKVCache state holds, in temporal
-    order (mlx-lm's ``_temporal_order``). Only windows without kept sink tokens (keep=0)."""
+    order (mlx-lm's ``_temporal_order``). Only windows without kept sink tokens (keep=0). A
+    ChunkedKVCache state (5 fields) holds tokens [start_position, offset) of a longer buffer."""
+    if len(state) == 5:
+        keys, values, offset, _, start = state
+        if keys is None:
+            return None, None, int(offset)
+        n = int(offset) - int(start)
+        return keys[..., :n, :], values[..., :n, :], int(start)
     keys, values, offset, keep, _, idx = state
     if keys is None:
         return None, None, int(offset)
@@ -139,6 +154,24 @@ def rotating_state(keys: mx.array, values: mx.array, offset: int, max_size: int)
     return (keys, values, int(offset), 0, int(max_size), int(keys.shape[2]))
 
 
+def chunked_state(keys: mx.array, values: mx.array, offset: int, chunk: int) -> tuple:
+    """The state of a ChunkedKVCache at ``offset`` holding exactly ``keys``/``values`` (the last
+    tokens before ``offset``, in order)."""
+    return (keys, values, int(offset), int(chunk), int(offset) - int(keys.shape[2]))
+
+
+def windowed_state(part: Part, keys: mx.array, values: mx.array, offset: int) -> tuple:
+    """The state of ``part`` (a ``WINDOWED`` kind) at ``offset`` holding exactly these tokens."""
+    if part.kind == "chunked":
+        return chunked_state(keys, values, offset, window_size(part))
+    return rotating_state(keys, values, offset, window_size(part))
+
+
+def window_size(part: Part) -> int:
+    """W of a ``WINDOWED`` part: a sliding window's ``max_size``, a chunked cache's chunk size."""
+    return int(part.state[3] if part.kind == "chunked" else part.state[4])
+
+
 def assemble(template: tuple[Part, ...], states: dict[int, Any], offset: int) -> tuple[LayerState, ...]:
     """Layer states from one new state per part (``states[i]`` for ``template[i]``), grouped back
     into CacheLists where the template has them."""
@@ -156,7 +189,7 @@ def assemble(template: tuple[Part, ...], states: dict[int, Any], offset: int) ->
             out.append(LayerState("CacheList", state, 0, nbytes_of([s for _, s in group])))
             continue
         part, state = group[0]
-        tokens = offset if part.kind == "full" else state[0].shape[2] if part.kind == "window" else 0
+        tokens = offset if part.kind in ("full", "chunked") else state[0].shape[2] if part.kind == "window" else 0
         out.append(LayerState(part.cls, state, tokens, nbytes_of(state)))
     return tuple(out)
 

@@ -21,8 +21,10 @@ Sliding-window and recurrent layers (hybrid models, CacheList layers) are held t
 each checkpoint, a recurrent state is kept as a checkpoint at a block end the prompt was
 snapshotted at (the store asks the Engine for one every ``checkpoint_every`` tokens through
 ``Capabilities.checkpoint_every``; the policy's positions move down to block ends), and a hit
-lands on the deepest checkpoint along the prompt's cached blocks. ``components()`` gives the bytes of each kind. Chunked attention is refused, the
-layer named. A paged store in front of a disk tier (``on_evict``) holds full KV only.
+lands on the deepest checkpoint along the prompt's cached blocks. A chunked-attention layer
+(Llama 4) is held as a sliding window of its chunk size (its KV counts as ``window`` in
+``components()``, which gives the bytes of each kind). A paged store in front of a disk tier
+(``on_evict``) holds full KV only.
 
 Example:
     >>> store = kv.PagedStore(block_size=16, num_blocks=2048)
@@ -41,7 +43,7 @@ import polars as pl
 from ..errors import BlockSizeError, BudgetError, SnapshotError
 from ..keys import CacheKey
 from ..policies import KIND_PRIORITY, Unit, store_policy
-from ..primitives.cache_parts import arrays_of, assemble, fresh_of, full_kv, nbytes_of, parts_of, structure_of
+from ..primitives.cache_parts import WINDOWED, arrays_of, assemble, fresh_of, full_kv, nbytes_of, parts_of, structure_of
 from ..primitives.display import summary_html, table_html
 from ..primitives.snapshots import Snapshot
 from ..primitives.tokens import Tokens
@@ -136,7 +138,7 @@ class PagedStore(CheckpointBook, BudgetedStore):
     @property
     def capabilities(self) -> Capabilities:
         # a block handed to a disk tier alone restores nothing of a window or a recurrent state
-        holds = {"full"} if self.on_evict is not None else {"full", "window", "recurrent", "list"}
+        holds = {"full"} if self.on_evict is not None else {"full", "window", "chunked", "recurrent", "list"}
         return Capabilities(block_size=self.block_size, holds=frozenset(holds), budget_bytes=self.budget_bytes,
                             views=("blocks",), checkpoint_every=None if self.on_evict else self.checkpoint_every,
                             components=True)
@@ -271,7 +273,7 @@ class PagedStore(CheckpointBook, BudgetedStore):
         for i, p in enumerate(self._parts):
             if p.kind == "full":
                 states[i], f = join_full([b.kv[f] for b in hits], n), f + 1
-            elif p.kind == "window":
+            elif p.kind in WINDOWED:
                 states[i] = join_window(hits, i, n, p, self.block_size)
             else:
                 states[i] = fresh_of(cp.states[i])

@@ -6,6 +6,9 @@ Learned from vLLM's hybrid KV cache manager and SGLang's MambaRadixCache, done k
 - sliding window of W: a block's window KV is kept only while some checkpoint's window reaches it:
   a hit at position a needs the tokens [a - W, a), so blocks wholly older than that are released
   for that layer (vLLM frees them to null blocks in SlidingWindowManager.remove_skipped_blocks);
+- chunked attention of C (ChunkedKVCache, Llama 4): held as a sliding window of C, its own state
+  rebuilt at restore (``kvlab.primitives.cache_parts.chunked_state``): mlx-lm keeps at most the
+  last C tokens and masks by absolute position, so [a - C, a) is all a hit at a needs;
 - recurrent state (ArraysCache, a CacheList's ArraysCache part): copied whole at a block end the
   prompt was snapshotted at (vLLM's Mamba "align" mode: state only at block boundaries; SGLang
   keeps it on tree nodes and matches the deepest node that has one).
@@ -29,11 +32,13 @@ from typing import Any
 import mlx.core as mx
 
 from ..errors import SnapshotError
-from ..primitives.cache_parts import Part, arrays_of, copy_of, full_kv, nbytes_of, rotating_state, window_kv
+from ..primitives.cache_parts import (WINDOWED, Part, arrays_of, copy_of, full_kv, nbytes_of, window_kv,
+                                      window_size, windowed_state)
 from ..primitives.display import summary_html
 from ..primitives.units import fmt_bytes
 
-COMPONENTS = ("full", "window", "recurrent")
+COMPONENTS = ("full", "window", "recurrent")  # chunked-attention KV counts as window KV
+WINDOW_WORDS = {"window": "sliding window", "chunked": "chunked attention"}
 
 
 @dataclass(eq=False)
@@ -65,7 +70,7 @@ def reach(position: int, window: int, block_size: int) -> range:
 
 
 def window_of(part: Part) -> int:
-    return int(part.state[4])
+    return window_size(part)
 
 
 def window_block(part: Part, j: int, block_size: int):
@@ -83,10 +88,9 @@ def obstacle(parts: tuple[Part, ...], store: str = "PagedStore cannot page") -> 
     """Why these parts cannot be kept in token blocks or slices (a layer kind no scheme here
     restores), or ''; ``store`` starts the sentence."""
     for p in parts:
-        if p.kind in ("chunked", "unknown"):
-            what = "chunked attention" if p.kind == "chunked" else "a cache kvlab does not know"
-            return (f"{store} {p.label}: it is {what}, which cannot be cut into token "
-                    "blocks exactly; use RadixStore")
+        if p.kind == "unknown":
+            return (f"{store} {p.label}: it is a cache kvlab does not know, which cannot be cut "
+                    "into token blocks exactly; use RadixStore")
         if p.kind == "window" and int(p.state[3]):
             return (f"{store} {p.label}: its sliding window keeps {int(p.state[3])} "
                     "sink tokens (keep > 0); use RadixStore")
@@ -100,18 +104,20 @@ def needs(parts: tuple[Part, ...]) -> str:
             return f"the recurrent state of {p.label}"
         if p.kind == "window":
             return f"the sliding window of {window_of(p)} of {p.label}"
+        if p.kind == "chunked":
+            return f"the chunked attention of {window_of(p)} of {p.label}"
     return ""
 
 
 def join_window(hits, i: int, n: int, part: Part, block_size: int) -> tuple:
-    """The RotatingKVCache state at ``n`` of window part ``i`` from the window KV of the blocks
-    ``hits`` (the last ``min(n, window)`` tokens, in temporal order)."""
+    """The RotatingKVCache (or ChunkedKVCache) state at ``n`` of window part ``i`` from the window
+    KV of the blocks ``hits`` (the last ``min(n, window)`` tokens, in temporal order)."""
     window = window_of(part)
     lo = max(0, n - window)
     first = lo // block_size
     k, v = (mx.concatenate([b.window[i][a] for b in hits[first:]], axis=2)[..., lo - first * block_size:, :]
             for a in (0, 1))
-    return rotating_state(k, v, n, window)
+    return windowed_state(part, k, v, n)
 
 
 def join_full(parts: list[tuple], n: int) -> tuple:
@@ -146,7 +152,7 @@ class CheckpointBook:
             return self._release(held)
         reached = set()
         for i, p in enumerate(parts):
-            if p.kind != "window":
+            if p.kind not in WINDOWED:
                 continue
             for j in reach(k * b, window_of(p), b):
                 if i not in held[j].window:
@@ -164,7 +170,7 @@ class CheckpointBook:
         self._checkpoints[last.hash] = cp
         self._bytes += nbytes
         self.log.add("checkpoint_stored", tokens=k * b, nbytes=nbytes, entry=last.hash.hex(),
-                     kind="recurrent state" if states else "sliding window")
+                     kind="recurrent state" if states else next(WINDOW_WORDS[p.kind] for p in parts if p.kind in WINDOWED))
         self._release(held)
 
     def _add_window(self, block: Block, i: int, kv) -> None:
@@ -174,7 +180,7 @@ class CheckpointBook:
         block.nbytes += nbytes
         self._bytes += nbytes
         self.log.add("window_stored", tokens=self.block_size, nbytes=nbytes, entry=block.hash.hex(),
-                     kind=f"sliding window of {window_of(self._parts[i])}")
+                     kind=f"{WINDOW_WORDS[self._parts[i].kind]} of {window_of(self._parts[i])}")
 
     def _release(self, blocks) -> None:
         """Drop the window KV of blocks no checkpoint's window reaches."""

@@ -4,7 +4,8 @@ and what a checkpoint holds.
 
 A checkpoint at position p (``kvlab.stores.paged_parts.Checkpoint``; no block: it sits on the node
 whose edge holds token p - 1) keeps every recurrent state as taken at p and, per sliding-window
-layer, the last min(window, held) tokens before p, in temporal order: a hit restores full KV
+layer (and chunked-attention layer, held as a window of its chunk size), the last min(window,
+held) tokens before p, in temporal order: a hit restores full KV
 sliced from the path plus the deepest checkpoint at or below the match, so never a state taken
 past where the prompt diverges. Window tokens are stored once along a path: a checkpoint whose
 window reaches back past an earlier checkpoint on its path (its ``base``) keeps only the tokens
@@ -24,7 +25,7 @@ import polars as pl
 
 import mlx.core as mx
 
-from ..primitives.cache_parts import Part, copy_of, nbytes_of, rotating_state, window_kv
+from ..primitives.cache_parts import WINDOWED, Part, copy_of, nbytes_of, window_kv, windowed_state
 from ..primitives.display import summary_html, table_html
 from ..primitives.snapshots import LayerState, Snapshot
 from .paged_parts import COMPONENTS, Checkpoint, window_of
@@ -96,7 +97,7 @@ def checkpoint_of(cid: int, parts: tuple[Part, ...], offset: int, base: Checkpoi
     for i, p in enumerate(parts):
         if p.kind == "recurrent":
             states[i] = copy_of(p.state)
-        elif p.kind == "window":
+        elif p.kind in WINDOWED:
             k, v, _ = window_kv(p.state)
             lo = offset - min(k.shape[2], window_of(p))
             shared = base is not None and lo < base.position and base.states[i][3] <= lo
@@ -106,9 +107,9 @@ def checkpoint_of(cid: int, parts: tuple[Part, ...], offset: int, base: Checkpoi
     return Checkpoint(cid, b"", offset, states, nbytes_of(list(states.values())), ())
 
 
-def window_state(cp: Checkpoint, i: int) -> tuple:
-    """The RotatingKVCache state of window part ``i`` at ``cp``: its own tokens, preceded by the
-    ones its bases hold back to the first token the window holds."""
+def window_state(cp: Checkpoint, i: int, part: Part) -> tuple:
+    """The RotatingKVCache (or ChunkedKVCache) state of window part ``i`` (``part``) at ``cp``: its
+    own tokens, preceded by the ones its bases hold back to the first token the window holds."""
     keys, values, first, lo, base, offset, size = cp.states[i]
     ks, vs = [keys], [values]
     while first > lo:  # base holds tokens up to its position, which is ``first``
@@ -117,7 +118,7 @@ def window_state(cp: Checkpoint, i: int) -> tuple:
         ks.insert(0, bk[..., s - bfirst:, :])
         vs.insert(0, bv[..., s - bfirst:, :])
         first, base = s, nxt
-    return rotating_state(mx.concatenate(ks, axis=2), mx.concatenate(vs, axis=2), offset, size)
+    return windowed_state(part, mx.concatenate(ks, axis=2), mx.concatenate(vs, axis=2), offset)
 
 
 def components_of(nodes, parts: tuple[Part, ...] | None) -> dict:
@@ -131,8 +132,9 @@ def components_of(nodes, parts: tuple[Part, ...] | None) -> dict:
         for cp in n.checkpoints.values():
             count += 1
             for i, state in cp.states.items():
-                out[parts[i].kind] += nbytes_of(state)
-                if parts[i].kind == "window":
+                windowed = parts[i].kind in WINDOWED  # chunked KV counts as window KV
+                out["window" if windowed else parts[i].kind] += nbytes_of(state)
+                if windowed:
                     tokens[parts[i].layer] = tokens.get(parts[i].layer, 0) + state[0].shape[2]
     return {**out, "checkpoints": count, "window_tokens": tokens}
 

@@ -27,7 +27,8 @@ recurrent layers (hybrid models, CacheList layers, pure recurrent models) are he
 checkpoints (``kvlab.stores.shared_node``): each insert of such a model keeps one at its end
 (the Engine inserts at the positions its checkpoint policy names), and a hit is the deepest
 checkpoint on the matched path, at or below the limit, with the full KV sliced up to it.
-``components()`` gives the bytes of each kind. Chunked attention and windows with sink tokens
+A chunked-attention layer (Llama 4) is held as a sliding window of its chunk size (its KV counts
+as ``window`` in ``components()``, which gives the bytes of each kind). Windows with sink tokens
 are refused, the layer named; a store in front of a tier (``on_evict``) holds full KV only.
 Extra keys and the salt enter through ``CacheKey.symbols()``, as in RadixStore. One model and
 one KV format per store.
@@ -46,7 +47,7 @@ import polars as pl
 from ..errors import SnapshotError
 from ..keys import CacheKey
 from ..policies import KIND_PRIORITY, Unit, store_policy
-from ..primitives.cache_parts import assemble, fresh_of, parts_of, structure_of
+from ..primitives.cache_parts import WINDOWED, assemble, fresh_of, parts_of, structure_of
 from ..primitives.snapshots import Snapshot
 from ..primitives.tokens import Tokens, common_prefix_len
 from .base import Capabilities, Match, too_big
@@ -85,7 +86,7 @@ class SharedRadixStore(BudgetedStore):
     @property
     def capabilities(self) -> Capabilities:
         # a path handed to a tier below restores nothing of a window or a recurrent state
-        holds = {"full"} if self.on_evict is not None else {"full", "window", "recurrent", "list"}
+        holds = {"full"} if self.on_evict is not None else {"full", "window", "chunked", "recurrent", "list"}
         return Capabilities(holds=frozenset(holds), budget_bytes=self.budget_bytes, views=("tree",),
                             components=True)
 
@@ -207,7 +208,7 @@ class SharedRadixStore(BudgetedStore):
             if p.kind == "full":
                 states[i], f = full.layers[f].state, f + 1
             else:
-                states[i] = fresh_of(window_state(cp, i) if p.kind == "window" else cp.states[i])
+                states[i] = fresh_of(window_state(cp, i, p) if p.kind in WINDOWED else cp.states[i])
         return Snapshot(assemble(self._parts, states, full.offset), full.offset, full.token_ids, full.fingerprint)
 
     def _unit(self, node: Node, kind: str) -> Unit:

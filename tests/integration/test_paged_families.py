@@ -131,9 +131,3 @@ def test_recurrent_bytes_per_turn_are_the_checkpoints_states():
     per_turn = (engine.events.filter(pl.col("event") == "checkpoint_stored")
                 .group_by("request").agg(pl.col("bytes").sum()).sort("request"))
     assert per_turn["bytes"].to_list() == [6 * state, 2 * state]
-
-
-def test_chunked_attention_is_refused_naming_the_layer():
-    model = kv.load("tiny:llama4")
-    engine = kv.Engine(model, PagedStore(BLOCK), max_tokens=1)
-    assert "chunked attention of 32" in engine.core.store_refuses
