@@ -171,9 +171,13 @@ def _hybrid_ttft(v: dict) -> tuple[bool, str]:
 
 
 def _sliding_bytes(v: dict) -> tuple[bool, str]:
-    runs = v["runs"]
+    runs = {n: r for n, r in v["runs"].items() if r.get("judged", True)}
+    released = {n: r for n, r in v["runs"].items() if not r.get("judged", True)}
+    also = "; with keep_superseded_windows=False " + ", ".join(
+        f"{r['ratio']:.3f}x reusing {r['reused']} tokens" for r in released.values()) if released else ""
     return (all(r["ratio"] <= 1.10 for r in runs.values()),
-            ", ".join(f"{n} {r['ratio']:.3f}x" for n, r in runs.items()) + f" of the bound ({v['model']})")
+            ", ".join(f"{n} {r['ratio']:.3f}x" + (f" reusing {r['reused']} tokens" if released else "")
+                      for n, r in runs.items()) + f" of the bound{also} ({v['model']})")
 
 
 TARGETS = (

@@ -94,14 +94,16 @@ class PagedStore(CheckpointBook, BudgetedStore):
     checkpoint policy's positions (moved down to block ends: ``kvlab.checkpoints.prefill_stops``).
     ``block_size`` reuses the most and splits a prefill into block-sized pieces, which is slower
     (BENCHMARKS.md's hybrid TTFT rows); vLLM's align mode uses blocks of hundreds of tokens, oMLX
-    snapshots every 2048/4096.
+    snapshots every 2048/4096. ``keep_superseded_windows`` (default True): keep the window KV of
+    a checkpoint a deeper one on its path supersedes, so a prompt branching off there reuses it
+    (False: one window per cached path, ``kvlab.stores.paged_parts.CheckpointBook``).
     """
 
     name = "paged"
 
     def __init__(self, block_size: int = 16, num_blocks: int | None = None, *,
                  budget_bytes: int | None = None, policy="lru", policy_params: dict | None = None,
-                 on_evict=None, checkpoint_every: int | None = None):
+                 on_evict=None, checkpoint_every: int | None = None, keep_superseded_windows: bool = True):
         if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size <= 0:
             raise BlockSizeError(f"block_size must be a positive int (vLLM uses 16), got {block_size!r}")
         if num_blocks is not None and (isinstance(num_blocks, bool) or not isinstance(num_blocks, int)
@@ -115,6 +117,7 @@ class PagedStore(CheckpointBook, BudgetedStore):
         super().__init__(budget_bytes, on_evict)  # on_evict(block_hash_hex, block snapshot)
         self.block_size = block_size
         self.checkpoint_every = every
+        self.keep_superseded_windows = bool(keep_superseded_windows)
         self.num_blocks = num_blocks
         # capacity in blocks; without num_blocks it is known once a snapshot gives a block's bytes
         self.policy = store_policy(policy, num_blocks, policy_params, store=self.name)

@@ -139,7 +139,13 @@ def join_full(parts: list[tuple], n: int) -> tuple:
 
 class CheckpointBook:
     """PagedStore's checkpoints and window KV (module docstring): kept on insert, released when
-    no checkpoint's window reaches them, dropped with the block they end."""
+    no checkpoint's window reaches them, dropped with the block they end. With
+    ``keep_superseded_windows`` False, a checkpoint holding window KV is dropped as soon as a
+    deeper one on the same path is kept (SGLang's SWA tombstones, vLLM freeing blocks that left
+    the window): a sliding model then holds one window per cached path, and a prompt branching
+    off before the tip recomputes from the previous checkpoint that survived."""
+
+    keep_superseded_windows = True
 
     def _checkpoint(self, held: list[Block], parts, offset: int) -> None:
         """Keep a checkpoint at the end of the last block ``held`` when the snapshot can give one
@@ -171,6 +177,10 @@ class CheckpointBook:
         self._bytes += nbytes
         self.log.add("checkpoint_stored", tokens=k * b, nbytes=nbytes, entry=last.hash.hex(),
                      kind="recurrent state" if states else next(WINDOW_WORDS[p.kind] for p in parts if p.kind in WINDOWED))
+        if reached and not self.keep_superseded_windows:
+            for block in held[:-1]:
+                if block.hash in self._checkpoints and self._checkpoints[block.hash].window_blocks:
+                    self._drop_checkpoint(block.hash, f"superseded by the checkpoint at {k * b}")
         self._release(held)
 
     def _add_window(self, block: Block, i: int, kv) -> None:

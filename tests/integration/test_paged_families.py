@@ -131,3 +131,31 @@ def test_recurrent_bytes_per_turn_are_the_checkpoints_states():
     per_turn = (engine.events.filter(pl.col("event") == "checkpoint_stored")
                 .group_by("request").agg(pl.col("bytes").sum()).sort("request"))
     assert per_turn["bytes"].to_list() == [6 * state, 2 * state]
+
+
+def test_superseded_windows_released_on_request_keep_one_window_per_path():
+    # mutants: the option ignored (9 checkpoints kept), the new checkpoint dropped instead of the
+    # superseded ones (the next turn finds no window: reuse falls), a checkpoint on another path
+    # dropped (the branch's own tip is gone: branching reuse falls below 1600)
+    model = kv.load("tiny:gemma3_text")
+    sizes = dict(system_tokens=256, user_tokens=64, reply_tokens=128, max_tokens=1)
+    reused = {}
+    for keep in (True, False):
+        store = PagedStore(BLOCK, keep_superseded_windows=keep)
+        engine = kv.Engine(model, store, verify=True, max_tokens=1)
+        chat = [engine.run(r) for r in multi_turn(4, **sizes)]
+        assert all(r.verify_diff <= TOL for r in chat)
+        c = store.components()
+        reused[keep] = sum(r.reused_tokens for r in chat)
+        if not keep:
+            assert c["checkpoints"] == 1 and set(c["window_tokens"].values()) == {32}
+            released = engine.events.filter(pl.col("event") == "checkpoint_removed")["detail"].to_list()
+            assert released and all(d.startswith("superseded by the checkpoint at ") for d in released)
+        else:
+            assert c["checkpoints"] == 9
+    assert reused[True] == reused[False] == 1600
+    for keep, want in ((True, 2464), (False, 1600)):
+        engine = kv.Engine(model, PagedStore(BLOCK, keep_superseded_windows=keep), verify=True, max_tokens=1)
+        results = [engine.run(r) for r in branching(3, **sizes)]
+        assert all(r.verify_diff <= TOL for r in results)
+        assert sum(r.reused_tokens for r in results) == want
