@@ -33,7 +33,7 @@ from .optimal import Optimal, plan_optimal, reachable
 from .simple import (THINK_TAIL, CheckpointPolicy, Every, LastMessage, LogSpaced, MessageEnds,
                      NoCheckpoints, SegmentEnds, Tail, clip, segment_ends)
 
-__all__ = ["POLICIES", "CheckpointPolicy", "CostAware", "Every", "LastMessage", "LogSpaced",
+__all__ = ["POLICIES", "CheckpointPolicy", "block_checkpoint_interval", "CostAware", "Every", "LastMessage", "LogSpaced",
            "MessageEnds", "NoCheckpoints", "NominalCost", "Optimal", "SegmentEnds", "Sightings",
            "StateBytes", "THINK_TAIL", "Tail", "check_policy", "clip", "parse_policy", "plan_optimal",
            "positions", "prefill_stops", "reachable", "segment_ends"]
@@ -90,6 +90,13 @@ def positions(policy, toks, tokenizer=None) -> tuple[int, ...]:
     return parse_policy(policy).positions(toks, tokenizer)
 
 
+def block_checkpoint_interval(capabilities, layout) -> int | None:
+    """``checkpoint_every`` of a store that keeps recurrent state only at its block ends, for a
+    model with recurrent layers; None when prompts need no block-end snapshots."""
+    every = capabilities.checkpoint_every if capabilities is not None else None
+    return every if every and "recurrent" in layout.kind_set else None
+
+
 def prefill_stops(policy_positions, n: int, capabilities, layout) -> tuple[int, ...]:
     """Where a prompt of n tokens is snapshotted while it is prefilled, for a store of
     ``capabilities`` and a model of ``layout``: the policy's positions, except that a store keeping
@@ -101,8 +108,8 @@ def prefill_stops(policy_positions, n: int, capabilities, layout) -> tuple[int, 
         >>> prefill_stops((345, 871), 872, paged_caps, qwen3_5_layout)  # block 16, every 256
         (256, 336, 512, 768, 864)
     """
-    every = capabilities.checkpoint_every if capabilities is not None else None
-    if not every or "recurrent" not in layout.kind_set:
+    every = block_checkpoint_interval(capabilities, layout)
+    if every is None:
         return clip(policy_positions, n)
     block = capabilities.block_size
     return clip({p // block * block for p in policy_positions} | set(range(every, n, every)), n)

@@ -19,7 +19,7 @@ Example:
 
 from __future__ import annotations
 
-from ..checkpoints import parse_policy, prefill_stops
+from ..checkpoints import block_checkpoint_interval, parse_policy, prefill_stops
 from ..primitives.display import summary_html
 
 
@@ -31,8 +31,7 @@ class ServedCheckpoints:
         self.policy = parse_policy(policy).for_model(model)
         self.model = model
         self.caps = store.capabilities if store is not None else None
-        every = self.caps.checkpoint_every if self.caps is not None else None
-        self.every = every if every and "recurrent" in model.layout.kind_set else None  # prefill_stops' rule
+        self.every = block_checkpoint_interval(self.caps, model.layout)
         self.active = store is not None and self.policy.name != "none"
 
     @property

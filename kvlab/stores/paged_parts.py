@@ -69,10 +69,6 @@ def reach(position: int, window: int, block_size: int) -> range:
     return range(max(0, position - window) // block_size, position // block_size)
 
 
-def window_of(part: Part) -> int:
-    return window_size(part)
-
-
 def window_block(part: Part, j: int, block_size: int):
     """(keys, values) copies of block ``j``'s tokens from a window part's state, or None when the
     window no longer (or not yet) holds all of them."""
@@ -103,16 +99,16 @@ def needs(parts: tuple[Part, ...]) -> str:
         if p.kind == "recurrent":
             return f"the recurrent state of {p.label}"
         if p.kind == "window":
-            return f"the sliding window of {window_of(p)} of {p.label}"
+            return f"the sliding window of {window_size(p)} of {p.label}"
         if p.kind == "chunked":
-            return f"the chunked attention of {window_of(p)} of {p.label}"
+            return f"the chunked attention of {window_size(p)} of {p.label}"
     return ""
 
 
 def join_window(hits, i: int, n: int, part: Part, block_size: int) -> tuple:
     """The RotatingKVCache (or ChunkedKVCache) state at ``n`` of window part ``i`` from the window
     KV of the blocks ``hits`` (the last ``min(n, window)`` tokens, in temporal order)."""
-    window = window_of(part)
+    window = window_size(part)
     lo = max(0, n - window)
     first = lo // block_size
     k, v = (mx.concatenate([b.window[i][a] for b in hits[first:]], axis=2)[..., lo - first * block_size:, :]
@@ -160,7 +156,7 @@ class CheckpointBook:
         for i, p in enumerate(parts):
             if p.kind not in WINDOWED:
                 continue
-            for j in reach(k * b, window_of(p), b):
+            for j in reach(k * b, window_size(p), b):
                 if i not in held[j].window:
                     kv = window_block(p, j, b)
                     if kv is None:  # the window this snapshot holds does not reach back far enough
@@ -190,7 +186,7 @@ class CheckpointBook:
         block.nbytes += nbytes
         self._bytes += nbytes
         self.log.add("window_stored", tokens=self.block_size, nbytes=nbytes, entry=block.hash.hex(),
-                     kind=f"{WINDOW_WORDS[self._parts[i].kind]} of {window_of(self._parts[i])}")
+                     kind=f"{WINDOW_WORDS[self._parts[i].kind]} of {window_size(self._parts[i])}")
 
     def _release(self, blocks) -> None:
         """Drop the window KV of blocks no checkpoint's window reaches."""

@@ -25,10 +25,10 @@ import polars as pl
 
 import mlx.core as mx
 
-from ..primitives.cache_parts import WINDOWED, Part, copy_of, nbytes_of, window_kv, windowed_state
+from ..primitives.cache_parts import WINDOWED, Part, copy_of, nbytes_of, window_kv, window_size, windowed_state
 from ..primitives.display import summary_html, table_html
 from ..primitives.snapshots import LayerState, Snapshot
-from .paged_parts import COMPONENTS, Checkpoint, window_of
+from .paged_parts import COMPONENTS, Checkpoint
 
 
 @dataclass(eq=False)
@@ -99,11 +99,11 @@ def checkpoint_of(cid: int, parts: tuple[Part, ...], offset: int, base: Checkpoi
             states[i] = copy_of(p.state)
         elif p.kind in WINDOWED:
             k, v, _ = window_kv(p.state)
-            lo = offset - min(k.shape[2], window_of(p))
+            lo = offset - min(k.shape[2], window_size(p))
             shared = base is not None and lo < base.position and base.states[i][3] <= lo
             first = base.position if shared else lo
             own = copy_of((k[..., k.shape[2] - (offset - first):, :], v[..., v.shape[2] - (offset - first):, :]))
-            states[i] = (*own, first, lo, base if shared else None, offset, window_of(p))
+            states[i] = (*own, first, lo, base if shared else None, offset, window_size(p))
     return Checkpoint(cid, b"", offset, states, nbytes_of(list(states.values())), ())
 
 
