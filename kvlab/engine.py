@@ -155,10 +155,12 @@ class Engine:
         waited = self.checkpoint_policy.why_missed(toks, found.reused) if self.store is not None else ""
 
         t = time.perf_counter()
-        logits, cache, checkpoints = self._prefill(rid, toks, found.reused, found.cache, key)
+        logits, cache, checkpoints, last_stop = self._prefill(rid, toks, found.reused, found.cache, key)
         first = int(mx.argmax(logits).item())
         prefill_s = time.perf_counter() - t
         ttft = time.perf_counter() - start
+        if last_stop is not None:
+            self.core.offer(rid, *last_stop, kind="checkpoint")
         prompt_snap = snapshot(cache, tokens=ids, model=self.model) if self.store is not None else None
 
         t = time.perf_counter()
@@ -202,20 +204,24 @@ class Engine:
     def _prefill(self, rid, toks: Tokens, reused, cache, key):
         """Prefill ids[reused:], stopping to snapshot where the checkpoint policy says
         (``kvlab.checkpoints``): caches that cannot be cut back are reusable only exactly where a
-        snapshot was taken."""
+        snapshot was taken. Every snapshot but the last is offered at once; the last (key, tokens,
+        snapshot) is returned to be offered after the first token, as a server would, so a store
+        that copies it (paged) does so outside the TTFT. Holding one snapshot pins at most one
+        copy of the cache while the rest of the prompt runs; holding all would pin one per stop."""
         ids, bounds = toks.ids, ()
         if self.checkpoints and self.store is not None:
             bounds = prefill_stops(self.checkpoint_policy.positions(toks, self.model.tokenizer), len(ids),
                                    self.store.capabilities, self.model.layout)
             bounds = tuple(b for b in bounds if b > reused)
         cache = make_cache(self.model) if cache is None else cache
-        pos, checkpoints = reused, 0
+        pos, pending = reused, None
         for b in bounds:
             self._advance(ids[pos:b], cache)
-            self.core.offer(rid, key.prefix(b), toks, snapshot(cache, tokens=ids[:b], model=self.model),
-                            kind="checkpoint")
-            pos, checkpoints = b, checkpoints + 1
-        return *self._forward(ids[pos:], cache), checkpoints
+            if pending is not None:
+                self.core.offer(rid, *pending, kind="checkpoint")
+            pending = (key.prefix(b), toks, snapshot(cache, tokens=ids[:b], model=self.model))
+            pos = b
+        return *self._forward(ids[pos:], cache), len(bounds), pending
 
     @property
     def trimmable(self) -> bool:

@@ -84,7 +84,8 @@ def bench_hybrid_ttft(repeats: int, model_type: str = HYBRID, n: int = PROMPT_TO
                  f"of only the {n - p} tokens past it and the first token. All rows interleaved over "
                  f"{repeats} repeats in one run; tiny:{model_type} is GatedDeltaNet recurrent + attention. "
                  f"The paged store snapshots the state at a block end every checkpoint_every tokens while it "
-                 f"prefills (default {PagedStore(block_size=16).checkpoint_every}), inside the TTFT; at every "
+                 f"prefills (default {PagedStore(block_size=16).checkpoint_every}); the Engine offers the last of them "
+                 "to the store after the first token, as a server would, the others inside the TTFT; at every "
                  "block (16) it reuses the most and cuts the prefill into 16-token pieces (the last row, not "
                  "judged). The dropped warm-up round is verified against a cold prefill (max logit diff). "
                  "Target: cached TTFT <= 1.10x the limit for radix and paged at their defaults.",
@@ -134,7 +135,7 @@ def dense_bound(blocks, block_size: int, per: dict) -> tuple[int, int, int]:
 def bench_sliding_bytes(model_type: str = SLIDING, long_tokens: int = 1024, turns: int = 4) -> Table:
     """Bytes the paged store holds per cached token for one long prompt, a ``turns``-turn chat and
     a chat branching off at every turn, against the dense-equivalent bound (``dense_bound``); the
-    chats also with ``keep_superseded_windows=False`` (not judged: it trades branching reuse away).
+    chats also with ``keep_superseded_windows=True`` (not judged: it buys branching reuse with bytes).
 
     Example:
         >>> bench_sliding_bytes(long_tokens=128, turns=2).columns[0]
@@ -152,7 +153,7 @@ def bench_sliding_bytes(model_type: str = SLIDING, long_tokens: int = 1024, turn
     traffic = {"one prompt": lambda: [random_ids(model, long_tokens)],
                f"multi_turn ({turns} turns)": lambda: list(workloads.multi_turn(turns, **sizes).requests),
                f"branching ({turns - 1} branches)": lambda: list(workloads.branching(turns - 1, **sizes).requests)}
-    settings = [(name, True) for name in traffic] + [(name, False) for name in list(traffic)[1:]]
+    settings = [(name, False) for name in traffic] + [(name, True) for name in list(traffic)[1:]]
     rows, runs = [], {}
     for name, keep in settings:
         store = PagedStore(block_size=16, keep_superseded_windows=keep)
@@ -161,9 +162,9 @@ def bench_sliding_bytes(model_type: str = SLIDING, long_tokens: int = 1024, turn
         cached, chains, bound = dense_bound(store.blocks_frame().to_dicts(), store.block_size, per)
         parts = store.components()
         ratio = store.nbytes / bound if bound else float("inf")
-        label = name if keep else f"{name}, keep_superseded_windows=False"
+        label = f"{name}, keep_superseded_windows=True" if keep else name
         runs[label] = {"held": store.nbytes, "bound": bound, "cached_tokens": cached, "chains": chains,
-                       "ratio": ratio, "judged": keep,
+                       "ratio": ratio, "judged": not keep,
                        "components": {k: parts[k] for k in ("full", "window", "recurrent")},
                        "checkpoints": parts["checkpoints"], "reused": sum(r.reused_tokens for r in results),
                        "max_logit_diff": max(r.verify_diff or 0.0 for r in results)}
@@ -179,11 +180,13 @@ def bench_sliding_bytes(model_type: str = SLIDING, long_tokens: int = 1024, turn
                  f"plus, per chain (a cached block no other block extends: one cached prompt's path), each "
                  f"window layer's KV for min(window, the chain's tokens) (windows {windows}; "
                  f"{per['window']} B/token over them). Block size 16; the store's checkpoints (the Engine's "
-                 "message_ends) keep the window blocks each one reaches, so by default every message end of a "
-                 "chat stays a restorable branch point, one window each. keep_superseded_windows=False drops a "
-                 "checkpoint's window once a deeper one on its path is kept: one window per chain, the same "
-                 "multi_turn reuse, less branching reuse (rows not judged). Every request verified against a cold "
-                 "prefill. Byte counts: no repeats needed. Target: <= 1.10x the bound at the default.",
+                 "message_ends) keep the window blocks each one reaches; by default the window of a checkpoint "
+                 "taken mid-prompt is dropped once a deeper one on its path is kept, and each prompt's end keeps "
+                 "its own: one window per cached prompt. keep_superseded_windows=True keeps every message end "
+                 "a restorable branch point, one window each: the same reuse on these chats, more bytes (rows "
+                 "not judged). Every request verified "
+                 "against a cold prefill. Byte counts: no repeats needed. Target: <= 1.10x the bound at the "
+                 "default.",
                  values={"runs": runs, "per_token": per, "model": f"tiny:{model_type}"})
 
 

@@ -173,7 +173,7 @@ def _hybrid_ttft(v: dict) -> tuple[bool, str]:
 def _sliding_bytes(v: dict) -> tuple[bool, str]:
     runs = {n: r for n, r in v["runs"].items() if r.get("judged", True)}
     released = {n: r for n, r in v["runs"].items() if not r.get("judged", True)}
-    also = "; with keep_superseded_windows=False " + ", ".join(
+    also = "; with keep_superseded_windows=True " + ", ".join(
         f"{r['ratio']:.3f}x reusing {r['reused']} tokens" for r in released.values()) if released else ""
     return (all(r["ratio"] <= 1.10 for r in runs.values()),
             ", ".join(f"{n} {r['ratio']:.3f}x" + (f" reusing {r['reused']} tokens" if released else "")

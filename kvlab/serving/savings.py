@@ -111,6 +111,25 @@ def infer_reuse(frame: pl.DataFrame, fit: PrefillFit) -> pl.DataFrame:
         pl.Series("reused_inferred", np.where(known, np.round(n - pre), np.nan)).fill_nan(None).cast(pl.Int64))
 
 
+def repeats_prefilled_again(frame: pl.DataFrame) -> int:
+    """How many exact repeats of a ``repeat_workload`` run (rows named "... again k") took at
+    least half the TTFT of its first, cold request ``A``: prompts the server prefilled again
+    although it had just seen them. Each repeat is compared with a request of the same run
+    seconds before it, so unlike ``infer_reuse`` (a fit from another run) machine load that
+    changes between runs cannot move it; a reused repeat takes a few tokens' time, far below half.
+
+    Example:
+        >>> repeats_prefilled_again(on.frame)  # vllm-mlx batched: every repeat prefilled again
+        6
+    """
+    cold = frame.filter(pl.col("name") == "A")
+    if cold.height != 1 or cold["ttft_ms"][0] is None:
+        raise RequestError("repeats_prefilled_again takes the frame of a repeat_workload(...) run with its "
+                           "first request 'A' answered")
+    again = frame.filter(pl.col("name").str.contains(" again ") & pl.col("ok"))
+    return int((again["ttft_ms"] >= cold["ttft_ms"][0] / 2).sum())
+
+
 def calibration_workload(tokenizer, lengths=(128, 256, 512, 1024, 2048), *, repeats: int = 2,
                          seed: int = 0) -> Workload:
     """Token-id prompts of the given lengths sharing nothing (each its own random safe tokens), for

@@ -94,16 +94,17 @@ class PagedStore(CheckpointBook, BudgetedStore):
     checkpoint policy's positions (moved down to block ends: ``kvlab.checkpoints.prefill_stops``).
     ``block_size`` reuses the most and splits a prefill into block-sized pieces, which is slower
     (BENCHMARKS.md's hybrid TTFT rows); vLLM's align mode uses blocks of hundreds of tokens, oMLX
-    snapshots every 2048/4096. ``keep_superseded_windows`` (default True): keep the window KV of
-    a checkpoint a deeper one on its path supersedes, so a prompt branching off there reuses it
-    (False: one window per cached path, ``kvlab.stores.paged_parts.CheckpointBook``).
+    snapshots every 2048/4096. ``keep_superseded_windows`` (default False): the window KV of a
+    checkpoint taken mid-prompt is dropped once a deeper one on its path is kept, so a sliding
+    model holds one window per cached prompt (``kvlab.stores.paged_parts.CheckpointBook``); True
+    keeps every checkpoint's window, so a prompt branching off at any earlier message end reuses it.
     """
 
     name = "paged"
 
     def __init__(self, block_size: int = 16, num_blocks: int | None = None, *,
                  budget_bytes: int | None = None, policy="lru", policy_params: dict | None = None,
-                 on_evict=None, checkpoint_every: int | None = None, keep_superseded_windows: bool = True):
+                 on_evict=None, checkpoint_every: int | None = None, keep_superseded_windows: bool = False):
         if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size <= 0:
             raise BlockSizeError(f"block_size must be a positive int (vLLM uses 16), got {block_size!r}")
         if num_blocks is not None and (isinstance(num_blocks, bool) or not isinstance(num_blocks, int)
@@ -209,7 +210,7 @@ class PagedStore(CheckpointBook, BudgetedStore):
             held.append(block)
             parent = h
         if self._checkpointed:
-            self._checkpoint(held, parts, snap.offset)
+            self._checkpoint(held, parts, snap.offset, prompt_end=kind != "checkpoint")
         # ... and frees them when it finishes, tail first, so the tail is evicted before the head
         tick = next(self._clock)
         priority = KIND_PRIORITY.get(kind, 0)

@@ -54,6 +54,7 @@ class Checkpoint:
     nbytes: int
     window_blocks: tuple[bytes, ...]
     hits: int = 0
+    prompt_end: bool = False  # taken at the end of an offered prompt, not mid-prefill
 
     def __repr__(self) -> str:
         return f"Checkpoint(at {self.position}, {len(self.states)} states, {fmt_bytes(self.nbytes)})"
@@ -136,21 +137,26 @@ def join_full(parts: list[tuple], n: int) -> tuple:
 class CheckpointBook:
     """PagedStore's checkpoints and window KV (module docstring): kept on insert, released when
     no checkpoint's window reaches them, dropped with the block they end. With
-    ``keep_superseded_windows`` False, a checkpoint holding window KV is dropped as soon as a
-    deeper one on the same path is kept (SGLang's SWA tombstones, vLLM freeing blocks that left
-    the window): a sliding model then holds one window per cached path, and a prompt branching
-    off before the tip recomputes from the previous checkpoint that survived."""
+    ``keep_superseded_windows`` False, a checkpoint a prefill took mid-prompt (an earlier message
+    end) holding window KV is dropped as soon as a deeper one on the same path is kept (SGLang's
+    SWA tombstones, vLLM freeing blocks that left the window); a checkpoint at the end of an
+    offered prompt stays, since a regenerated reply or an edited next message resumes there. A
+    sliding model then holds one window per cached prompt, and a prompt branching off at an
+    earlier message end recomputes from the previous checkpoint that survived."""
 
-    keep_superseded_windows = True
+    keep_superseded_windows = False
 
-    def _checkpoint(self, held: list[Block], parts, offset: int) -> None:
+    def _checkpoint(self, held: list[Block], parts, offset: int, prompt_end: bool = False) -> None:
         """Keep a checkpoint at the end of the last block ``held`` when the snapshot can give one
         there: recurrent states only where they were taken (a block end), window KV of every
         block the window reaches. Window KV no checkpoint reaches is released."""
         k, b = len(held), self.block_size
         recurrent = [i for i, p in enumerate(parts) if p.kind == "recurrent"]
         last = held[-1]
-        if (recurrent and offset != k * b) or last.hash in self._checkpoints:
+        if last.hash in self._checkpoints:
+            self._checkpoints[last.hash].prompt_end |= prompt_end
+            return self._release(held)
+        if recurrent and offset != k * b:
             return self._release(held)
         reached = set()
         for i, p in enumerate(parts):
@@ -166,7 +172,7 @@ class CheckpointBook:
         states = {i: copy_of(parts[i].state) for i in recurrent}
         nbytes = nbytes_of(list(states.values()))
         cp = Checkpoint(next(self._ids), last.hash, k * b, states, nbytes,
-                        tuple(held[j].hash for j in sorted(reached)))
+                        tuple(held[j].hash for j in sorted(reached)), prompt_end=prompt_end)
         for j in reached:
             held[j].window_refs += 1
         self._checkpoints[last.hash] = cp
@@ -175,7 +181,8 @@ class CheckpointBook:
                      kind="recurrent state" if states else next(WINDOW_WORDS[p.kind] for p in parts if p.kind in WINDOWED))
         if reached and not self.keep_superseded_windows:
             for block in held[:-1]:
-                if block.hash in self._checkpoints and self._checkpoints[block.hash].window_blocks:
+                old = self._checkpoints.get(block.hash)
+                if old is not None and old.window_blocks and not old.prompt_end:
                     self._drop_checkpoint(block.hash, f"superseded by the checkpoint at {k * b}")
         self._release(held)
 

@@ -35,6 +35,9 @@ STORES = {
     "paged": lambda: PagedStore(BLOCK, budget_bytes=256 << 20),
     "shared-radix": lambda: SharedRadixStore(budget_bytes=256 << 20),
 }
+# every:16 checkpoints are taken mid-prompt: the paged store drops their windows once a deeper one
+# is kept unless told to keep them, and these tests restore at one of them
+KEEPING_ALL = {**STORES, "paged": lambda: PagedStore(BLOCK, budget_bytes=256 << 20, keep_superseded_windows=True)}
 
 
 def ids_of(n, seed, vocab=1000):
@@ -67,7 +70,7 @@ def test_a_hit_inside_a_chunk_is_exact(store):
     # a hit at 112 = 3 * 32 + 16 reads the 16 tokens of its chunk.
     # mutant: restored with start_position 0 (logits off by 0.33 in both stores)
     model = kv.load("tiny:llama4")
-    engine = kv.Engine(model, STORES[store](), verify=True, max_tokens=2, checkpoints="every:16")
+    engine = kv.Engine(model, KEEPING_ALL[store](), verify=True, max_tokens=2, checkpoints="every:16")
     a = ids_of(150, 1)
     b = a[:120] + ids_of(40, 2)
     assert b[120] != a[120]
@@ -110,7 +113,7 @@ def test_restored_chunked_cache_is_the_cold_one(store):
     # earlier token), but the cache is not the one mlx-lm has after a cold prefill of 272 tokens
     # ([240, 272) once it trims its front), which is what this store promises to restore.
     model = kv.load("tiny:llama4")
-    kv_store = STORES[store]()
+    kv_store = KEEPING_ALL[store]()
     ids = ids_of(300, 5)
     kv.Engine(model, kv_store, max_tokens=1, checkpoints="every:16").run(ids)
     m = kv_store.lookup(CacheKey(tuple(ids)), None, limit=272)

@@ -133,29 +133,30 @@ def test_recurrent_bytes_per_turn_are_the_checkpoints_states():
     assert per_turn["bytes"].to_list() == [6 * state, 2 * state]
 
 
-def test_superseded_windows_released_on_request_keep_one_window_per_path():
-    # mutants: the option ignored (9 checkpoints kept), the new checkpoint dropped instead of the
-    # superseded ones (the next turn finds no window: reuse falls), a checkpoint on another path
-    # dropped (the branch's own tip is gone: branching reuse falls below 1600)
+def test_superseded_windows_released_by_default_one_window_per_prompt():
+    # mutants: the option ignored or True by default (9 checkpoints kept); prompt ends superseded
+    # too (1 checkpoint: a branch off an earlier turn finds no window, branching reuse 1600 not
+    # 2464); the new checkpoint dropped instead of the superseded ones (the next turn finds no
+    # window: reuse falls); a checkpoint on another path dropped (branching reuse falls)
     model = kv.load("tiny:gemma3_text")
     sizes = dict(system_tokens=256, user_tokens=64, reply_tokens=128, max_tokens=1)
     reused = {}
     for keep in (True, False):
-        store = PagedStore(BLOCK, keep_superseded_windows=keep)
+        store = PagedStore(BLOCK, keep_superseded_windows=True) if keep else PagedStore(BLOCK)
         engine = kv.Engine(model, store, verify=True, max_tokens=1)
         chat = [engine.run(r) for r in multi_turn(4, **sizes)]
         assert all(r.verify_diff <= TOL for r in chat)
         c = store.components()
-        reused[keep] = sum(r.reused_tokens for r in chat)
-        if not keep:
-            assert c["checkpoints"] == 1 and set(c["window_tokens"].values()) == {32}
+        reused[keep] = [r.reused_tokens for r in chat]
+        if not keep:  # one checkpoint (and one 32-token window per layer) per turn's prompt end
+            assert c["checkpoints"] == 4 and set(c["window_tokens"].values()) == {4 * 32}
             released = engine.events.filter(pl.col("event") == "checkpoint_removed")["detail"].to_list()
             assert released and all(d.startswith("superseded by the checkpoint at ") for d in released)
         else:
             assert c["checkpoints"] == 9
-    assert reused[True] == reused[False] == 1600
-    for keep, want in ((True, 2464), (False, 1600)):
+    assert reused[True] == reused[False] == [0, 336, 528, 736]
+    for keep in (True, False):
         engine = kv.Engine(model, PagedStore(BLOCK, keep_superseded_windows=keep), verify=True, max_tokens=1)
         results = [engine.run(r) for r in branching(3, **sizes)]
         assert all(r.verify_diff <= TOL for r in results)
-        assert sum(r.reused_tokens for r in results) == want
+        assert [r.reused_tokens for r in results] == [0, 336, 528, 336, 528, 736]

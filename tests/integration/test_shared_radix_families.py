@@ -101,9 +101,10 @@ def test_inspector_shows_bytes_per_component(store):
     per_token = 2 * 16 * 4
     # shared-radix: full KV of all 300 tokens, a 32-token window at 96, 192 and 288, and at 300
     # only the 12 tokens after 288 (the rest of its window is the one at 288's);
-    # paged: 288 tokens in 18 blocks, checkpoints at 96, 192, 288 with two window blocks each
+    # paged: 288 tokens in 18 blocks, checkpoints at 96 and 192 taken mid-prompt and superseded
+    # (their windows dropped), the prompt's end at 288 with its two window blocks
     want = {"shared-radix": (300 * full * per_token, (3 * 32 + 12) * windows * per_token, 4),
-            "paged": (288 * full * per_token, 3 * 32 * windows * per_token, 3)}[store]
+            "paged": (288 * full * per_token, 32 * windows * per_token, 1)}[store]
     ins = kv.Inspector(engine)
     ins.refresh()
     shown = ins.state()["components"]

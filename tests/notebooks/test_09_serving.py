@@ -30,13 +30,16 @@ def test_09_serving(tmp_path):
     c = sec["correctness"].row(0, named=True)
     assert c["compared"] == 6 and c["failures"] == 0 and c["identical"] + c["flips"] == 6
 
-    # reported against measured: vllm-mlx's memory-aware cache counts exact repeats it re-prefills
+    # reported against measured: vllm-mlx's memory-aware cache counts exact repeats it re-prefills.
+    # Judged by each repeat's TTFT against the cold first request of the same run (not by the fit
+    # from another run, which machine load between the runs moves: it once read 4,723 of 7,936).
     a = {row["server"]: row for row in sec["audit"].iter_rows(named=True)}
     assert sorted(a) == ["kvlab serve radix", "mlx_lm.server", "vllm-mlx batched", "vllm-mlx paged"]
     exact_repeat_tokens = 3 * 1024 + 3 * 1280
     assert a["vllm-mlx batched"]["reported"] >= exact_repeat_tokens
-    assert a["vllm-mlx batched"]["reported"] - a["vllm-mlx batched"]["inferred"] > exact_repeat_tokens / 2
+    assert a["vllm-mlx batched"]["prefilled_again"] == a["vllm-mlx batched"]["repeats"] == 6
     for honest in ("vllm-mlx paged", "mlx_lm.server", "kvlab serve radix"):
+        assert a[honest]["prefilled_again"] == 0, (honest, a[honest])
         assert a[honest]["inferred"] > a[honest]["reported"] / 2, (honest, a[honest])
 
     # seed 000: mlx-lm's server serves the tiny qwen2_vl's text under load, but has no vision path for it
@@ -53,4 +56,5 @@ def test_09_serving(tmp_path):
     assert f"turn 3 reused {turns['reuse'][-1]:.0%}" in text
     assert f"Concurrency changed {c['flips']} of 6 outputs, 0 beyond a near-tie" in text
     batched = a["vllm-mlx batched"]
-    assert f"vllm-mlx batched {batched['reported']:,} against {batched['inferred']:,}" in text
+    assert (f"vllm-mlx batched {batched['reported']:,} against {batched['inferred']:,} "
+            "(6 of 6 exact repeats prefilled again)") in text

@@ -208,3 +208,13 @@ def test_prefill_fit_recovers_a_known_curve_and_inverts_it():
     assert got["reused_inferred"].to_list() == [0, 1014, 980]
     with pytest.raises(RequestError, match="3 different"):
         savings.fit_prefill(frame.filter(pl.col("prompt_tokens") < 200))
+
+
+def test_repeats_prefilled_again_compares_each_repeat_with_the_cold_first_request():
+    # mutants: comparing with the fastest row (A+B, a prefix hit) counts a reused repeat; a strict
+    # "> A" (not half) misses a repeat prefilled slightly faster than A; counting A itself gives 3
+    frame = pl.DataFrame({"name": ["A", "A again 1", "A again 2", "A+B", "A+B again 1"],
+                          "ok": [True] * 5, "ttft_ms": [400.0, 390.0, 30.0, 120.0, 520.0]})
+    assert savings.repeats_prefilled_again(frame) == 2
+    with pytest.raises(RequestError, match="repeat_workload"):
+        savings.repeats_prefilled_again(frame.filter(pl.col("name") != "A"))

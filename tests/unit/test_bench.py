@@ -307,13 +307,13 @@ def test_family_targets_are_judged_from_the_values():
         "one prompt 1.000x, multi_turn (4 turns) 1.100x of the bound (tiny:gemma3_text)", "met")
     assert summary_row([sliding(1.0, 1.65)], "a sliding-window")[2] == "not met"
     assert summary_row([sliding(1.2, 1.0)], "a sliding-window")[2] == "not met"
-    # the keep_superseded_windows=False rows are shown, not judged (they trade branching reuse away)
+    # the keep_superseded_windows=True rows are shown, not judged (they buy branching reuse with bytes)
     runs = {"one prompt": {"ratio": 1.0, "judged": True, "reused": 0},
-            "branching": {"ratio": 1.2, "judged": True, "reused": 2464},
-            "branching, released": {"ratio": 1.0, "judged": False, "reused": 1600}}
+            "branching": {"ratio": 1.0, "judged": True, "reused": 1600},
+            "branching, kept": {"ratio": 1.2, "judged": False, "reused": 2464}}
     assert summary_row([fake("sliding_bytes", runs=runs, model="m")], "a sliding-window")[1:] == (
-        "one prompt 1.000x reusing 0 tokens, branching 1.200x reusing 2464 tokens of the bound; with "
-        "keep_superseded_windows=False 1.000x reusing 1600 tokens (m)", "not met")
+        "one prompt 1.000x reusing 0 tokens, branching 1.000x reusing 1600 tokens of the bound; with "
+        "keep_superseded_windows=True 1.200x reusing 2464 tokens (m)", "met")
 
 
 def test_dense_bound_counts_window_layers_once_per_chain():
