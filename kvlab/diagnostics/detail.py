@@ -26,11 +26,14 @@ class TokenDetail:
     ``lost_tokens``: previous-prompt tokens after it (what the providers call missed: they would
     have been read from cache had the prefix matched); ``missed_tokens``: current-prompt tokens
     after it (what must be prefilled again). ``previous``/``current``: (text before, text from)
-    the divergence point in each prompt."""
+    the divergence point in each prompt. ``rendered_message_index`` counts the rendered
+    conversation's messages (a system prompt is message 0 there); ``message_index`` counts the
+    request's ``messages`` array, as the structural comparison does (None inside the system prompt)."""
 
     token_index: int | None
     message_index: int | None
     role: str | None
+    rendered_message_index: int | None
     reusable_tokens: int
     lost_tokens: int
     missed_tokens: int
@@ -41,6 +44,7 @@ class TokenDetail:
 
     def to_dict(self) -> dict:
         return {"token_index": self.token_index, "message_index": self.message_index, "role": self.role,
+                "rendered_message_index": self.rendered_message_index,
                 "reusable_tokens": self.reusable_tokens, "lost_tokens": self.lost_tokens,
                 "missed_tokens": self.missed_tokens, "previous_tokens": self.previous_tokens,
                 "current_tokens": self.current_tokens,
@@ -80,15 +84,19 @@ def _around(tokens: Tokens, i: int, chars: int) -> tuple[str, str]:
     return before[-chars:], after[:chars]
 
 
-def token_detail(previous, current, *, chars: int = CONTEXT_CHARS) -> TokenDetail:
+def token_detail(previous, current, *, chars: int = CONTEXT_CHARS, system_messages: int = 0) -> TokenDetail:
     """Compare the previous and current rendered prompts (``Tokens`` or token ids; see the
-    module docstring). Message index and role come from the current prompt's spans."""
+    module docstring). Message index and role come from the current prompt's spans;
+    ``system_messages`` is how many rendered messages the request's system prompt became (the
+    leading ones), so ``message_index`` can count the request's ``messages`` array."""
     prev = as_tokens(previous, name="previous", allow_empty=True)
     cur = as_tokens(current, name="current", allow_empty=True)
     d = diverge(cur, prev)  # a = current: the message named is the current prompt's
     common = d.common
+    rendered = d.message_index
+    index = None if rendered is None or rendered < system_messages else rendered - system_messages
     return TokenDetail(
-        token_index=d.token_index, message_index=d.message_index, role=d.role,
+        token_index=d.token_index, message_index=index, role=d.role, rendered_message_index=rendered,
         reusable_tokens=common, lost_tokens=len(prev) - common, missed_tokens=len(cur) - common,
         previous_tokens=len(prev), current_tokens=len(cur),
         previous=_around(prev, common, chars) if d.token_index is not None else ("", ""),

@@ -44,6 +44,18 @@ def extension(comparison: Comparison, detail: TokenDetail | None = None, *,
     return out
 
 
+def system_messages(shape: PromptShape, tokens) -> int:
+    """How many leading rendered messages are the request's system prompt: the leading
+    system/developer spans of ``tokens`` when the request has one, else 0."""
+    spans = getattr(tokens, "spans", ())
+    if shape.system is None:
+        return 0
+    n = 0
+    while n < len(spans) and spans[n].role in ("system", "developer"):
+        n += 1
+    return n
+
+
 def diagnose(log: FingerprintLog, wanted_id: str | None, shape: PromptShape, tokens, *,
              cached_tokens: int, provider: str = "anthropic", now: float | None = None) -> dict | None:
     """The provider's diagnostics object for the current request (``shape`` and its rendered
@@ -61,7 +73,9 @@ def diagnose(log: FingerprintLog, wanted_id: str | None, shape: PromptShape, tok
     if entry is None or entry.shape is None:
         return anthropic_not_found() if provider == "anthropic" else openai_not_found()
     comparison = compare(entry.shape, shape)
-    detail = token_detail(entry.tokens, tokens) if entry.tokens is not None and tokens is not None else None
+    detail = None
+    if entry.tokens is not None and tokens is not None:
+        detail = token_detail(entry.tokens, tokens, system_messages=system_messages(shape, tokens))
     lost = detail.lost_tokens if detail else 0
     if provider == "anthropic":
         return anthropic_diagnostics(comparison, lost, extension(comparison, detail, cached_tokens=cached_tokens))
@@ -70,4 +84,4 @@ def diagnose(log: FingerprintLog, wanted_id: str | None, shape: PromptShape, tok
                                            extension(comparison, detail))
 
 
-__all__ = ["PROVIDERS", "diagnose", "extension"]
+__all__ = ["PROVIDERS", "diagnose", "extension", "system_messages"]

@@ -41,7 +41,8 @@ def test_billing_header_diverges_at_the_cch_value(tiny):
     d = dx.diagnose(log, "msg_1", dx.shape_of(second, "anthropic"), tb, cached_tokens=35)
     assert d["cache_miss_reason"] == {"type": "system_changed", "cache_missed_input_tokens": 35}
     k = d["kvlab"]
-    assert (k["token_index"], k["message_index"], k["role"]) == (35, 0, "system")
+    # inside the system prompt: no request message, rendered message 0
+    assert (k["token_index"], k["message_index"], k["role"], k["rendered_message_index"]) == (35, None, "system", 0)
     assert (k["reusable_tokens"], k["lost_tokens"], k["missed_tokens"], k["cached_tokens"]) == (35, 35, 36, 35)
     assert k["previous_text"] == {"before": "ion=2.1.100.7b4; cc_entrypoint=cli; cch=",
                                   "after": "eb6c6;\nYou are a careful coding agent. K"}
@@ -64,7 +65,7 @@ def test_reordered_tools_diverge_inside_the_rendered_tool_list(tiny):
         "type": "cache_miss", "reason": "tools_changed", "cache_missed_tokens": 204 - 62,
         "comparison_reusable_tokens": 204}
     k = d["kvlab"]
-    assert (k["token_index"], k["message_index"], k["role"]) == (62, 0, "system")
+    assert (k["token_index"], k["message_index"], k["role"], k["rendered_message_index"]) == (62, None, "system", 0)
     assert k["previous_text"]["after"].startswith('Read", "description": "Read a file"')
     assert k["current_text"]["after"].startswith('Grep", "description": "Grep a file"')
     assert k["comparison"]["tools"] == {"added": [], "removed": [], "reordered": True, "schema_changed": []}
@@ -82,3 +83,23 @@ def test_an_appended_turn_is_a_hit_with_the_whole_previous_prompt_reusable(tiny)
     detail = dx.token_detail(ta, tb)
     assert (detail.token_index, detail.reusable_tokens, detail.lost_tokens) == (None, len(ta), 0)
     assert detail.missed_tokens == len(tb) - len(ta) > 0
+
+
+def test_a_dropped_message_is_placed_in_the_current_prompt(tiny):
+    # mutant: message and role taken from the previous prompt's spans -> 'assistant', not 'user';
+    # mutant: the rendered index reported as the request's -> 2 (the system prompt is rendered
+    # message 0), where the structural comparison says 1
+    turn2 = ASK + [{"role": "assistant", "content": "Done."}, {"role": "user", "content": "Thanks"}]
+    dropped = ASK + [{"role": "user", "content": "Thanks"}]
+    first, second = body(AGENT, messages=turn2), body(AGENT, messages=dropped)
+    ta, tb = rendered(tiny, first), rendered(tiny, second)
+    log = dx.FingerprintLog(clock=lambda: 0.0)
+    log.remember("msg_1", dx.shape_of(first, "anthropic"), ta)
+    d = dx.diagnose(log, "msg_1", dx.shape_of(second, "anthropic"), tb, cached_tokens=0)
+    k = d["kvlab"]
+    assert d["cache_miss_reason"]["type"] == "messages_changed"
+    assert (k["comparison"]["messages"], k["comparison"]["message_index"]) == ("edited", 1)
+    assert (k["message_index"], k["role"], k["rendered_message_index"]) == (1, "user", 2)
+    assert k["previous_text"]["after"].startswith("assistant\nDone.")
+    assert k["current_text"]["after"].startswith("user\nThanks")
+    assert d["cache_miss_reason"]["cache_missed_input_tokens"] == len(ta) - k["token_index"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import doctest
 import importlib
-import threading
+from collections import OrderedDict
 
 import pytest
 
@@ -265,22 +265,32 @@ def test_log_clock_and_bad_arguments():
         log.remember("", None)
 
 
-def test_log_is_thread_safe():
-    # mutant: no lock -> OrderedDict mutated during eviction raises or the bound is exceeded
-    # (whether a race shows is up to the scheduler; the correct log passes every time)
-    log = FingerprintLog(max_entries=50, clock=lambda: 0.0)
+def test_log_changes_its_entries_only_under_its_lock():
+    # mutant: no lock (or a lock not taken around a change) -> the checking dict sees an unheld
+    # lock; checked deterministically, without racing threads
+    log = FingerprintLog(max_entries=1, clock=lambda: 0.0)
 
-    def work(k):
-        for i in range(500):
-            log.remember(f"{k}-{i}", None, [i])
-            log.get(f"{k}-{i - 1}")
+    class Checked(OrderedDict):
+        def __setitem__(self, k, v):
+            assert log._lock.locked(), "entries changed outside the lock"
+            super().__setitem__(k, v)
 
-    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
-    assert len(log) == 50
+        def __delitem__(self, k):
+            assert log._lock.locked(), "entries changed outside the lock"
+            super().__delitem__(k)
+
+        def pop(self, *a):
+            assert log._lock.locked(), "entries changed outside the lock"
+            return super().pop(*a)
+
+        def popitem(self, last=True):
+            assert log._lock.locked(), "entries changed outside the lock"
+            return super().popitem(last)
+
+    log._entries = Checked()
+    log.remember("a", None, [1], now=0)
+    log.remember("b", None, [2], now=0)
+    assert log.get("b", now=10**9) is None and len(log) == 0
 
 
 # ------------------------------------------------------------------------------- diagnose
