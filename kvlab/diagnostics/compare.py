@@ -67,6 +67,7 @@ class Comparison:
     messages: str = "same"
     previous_messages: int = 0
     current_messages: int = 0
+    compacted: bool = False  # a compaction item replaced the changed messages (OpenAI: context_compacted)
 
     @property
     def hit(self) -> bool:
@@ -86,7 +87,8 @@ class Comparison:
         if self.type == "settings_changed":
             return f"cache-affecting settings changed: {', '.join(self.settings)}"
         how = "edited" if self.messages == "edited" else "removed"
-        return f"message {self.message_index} {how} (not only appended)"
+        why = ": the conversation was compacted" if self.compacted else ""
+        return f"message {self.message_index} {how} (not only appended){why}"
 
     def to_dict(self) -> dict:
         """JSON-ready: what the ``kvlab`` extension object carries."""
@@ -101,6 +103,8 @@ class Comparison:
             out["tools"] = self.tools.to_dict()
         if self.settings:
             out["settings"] = list(self.settings)
+        if self.compacted:
+            out["compacted"] = True
         return out
 
     def __repr__(self) -> str:
@@ -158,13 +162,15 @@ def compare(previous: PromptShape, current: PromptShape) -> Comparison:
         how, index = "removed", len(cm)
     else:
         how, index = ("appended" if len(cm) > len(pm) else "same"), None
+    compacted = False
     if how in ("edited", "removed"):
         changed.append("messages_changed")
+        compacted = any(p[:2] == ("other", "compaction") for m in cm[index:] for p in m.parts)
     return Comparison(
         type=changed[0] if changed else None, changed=tuple(changed),
         previous_model=previous.model, current_model=current.model, system_char=system_char,
         tools=tools, settings=settings, message_index=index, messages=how,
-        previous_messages=len(pm), current_messages=len(cm))
+        previous_messages=len(pm), current_messages=len(cm), compacted=compacted)
 
 
 __all__ = ["Comparison", "TYPES", "ToolsChange", "compare", "tools_change"]

@@ -60,7 +60,8 @@ def anthropic_type(comparison: Comparison) -> str | None:
 
 def openai_reason(comparison: Comparison) -> str | None:
     """OpenAI's ``reason`` for a comparison, None for a hit. The system prompt and messages are
-    both ``input_changed``; settings OpenAI does not name (tool_choice) are not a miss there."""
+    both ``input_changed`` (``context_compacted`` when a compaction item replaced the messages);
+    settings OpenAI does not name (tool_choice) are not a miss there."""
     found = set()
     if "model_changed" in comparison.changed:
         found.add("model_changed")
@@ -68,6 +69,8 @@ def openai_reason(comparison: Comparison) -> str | None:
         found.add("tools_changed")
     if "system_changed" in comparison.changed or "messages_changed" in comparison.changed:
         found.add("input_changed")
+    if comparison.compacted:
+        found.add("context_compacted")  # listed before input_changed: it names the cause
     found.update(_SETTING_REASONS[s] for s in comparison.settings if s in _SETTING_REASONS)
     return next((r for r in OPENAI_REASONS if r in found), None)
 

@@ -111,7 +111,7 @@ def test_bad_bodies_are_kvlab_errors_that_say_what_is_wrong(body, api, words):
 def test_compare_types_in_provider_order():
     # mutant: checks in another order (messages before system...) -> type differs on multi-change
     base = anthropic()
-    assert compare(base, base) == Comparison(None, (), "claude", "claude", None, None, (), None, "same", 1, 1)
+    assert compare(base, base) == Comparison(None, (), "claude", "claude", None, None, (), None, "same", 1, 1, False)
     both = compare(base, anthropic(model="other", system="You are terse."))
     assert (both.type, both.changed) == ("model_changed", ("model_changed", "system_changed"))
     assert (both.previous_model, both.current_model) == ("claude", "other")
@@ -191,6 +191,15 @@ def test_openai_objects_exactly():
         "type": "cache_hit"}
     assert openai_prompt_cache_diagnostics(compare(chat(), chat()), 7, 0, 9, {"token_index": None}) == {
         "type": "cache_hit", "kvlab": {"token_index": None, "cached_tokens": 7}}
+    # mutant: compaction not recognised -> input_changed instead of context_compacted
+    history = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}, {"role": "user", "content": "c"}]
+    compacted = [{"type": "compaction", "encrypted_content": "opaque"}, {"role": "user", "content": "c"}]
+    resp = lambda items: shape_of({"model": "m", "instructions": "S", "input": items}, "responses")
+    c = compare(resp(history), resp(compacted))
+    assert (c.type, c.message_index, c.compacted) == ("messages_changed", 0, True)
+    assert openai_prompt_cache_diagnostics(c, 0, 7, 9)["reason"] == "context_compacted"
+    assert openai_prompt_cache_diagnostics(compare(resp(history), resp(history[:2])), 0, 1, 9)["reason"] == (
+        "input_changed")
     assert openai_not_found() == {"type": "comparison_response_not_found"}
     assert openai_unavailable() == {"type": "unavailable"}
 
