@@ -28,12 +28,19 @@ Shapes followed field for field (looked up 2026-11-26):
   ``{"type": "unavailable"}``. Reasons, in the guide's order: model_changed,
   prompt_cache_key_changed, service_tier_changed, tools_changed, text_format_changed,
   reasoning_effort_changed, verbosity_changed, context_compacted, input_changed (instructions
-  and edited messages are both input_changed). "When ``stream=True``, read
+  and edited messages are both input_changed; a ``compaction`` input item replacing them is
+  context_compacted). "When ``stream=True``, read
   ``prompt_cache_diagnostics`` from ``event.response`` in the ``response.completed`` event."
 
 kvlab adds what only it knows in a ``"kvlab"`` key inside the provider object: the structural
 comparison (which tools were added / removed / reordered, which message was edited), the token
-index where the two rendered prompts diverge with ~40 characters either side, and token counts.
+index where the two rendered prompts diverge with ~40 characters either side, the message it
+falls in (``message_index`` counts the request's ``messages`` array like the comparison does;
+``rendered_message_index`` counts rendered messages, the system prompt being 0), and token
+counts (``reusable_tokens``: the common prefix; ``lost_tokens``: previous-prompt tokens after it,
+the providers' "missed"; ``missed_tokens``: current-prompt tokens to prefill again;
+``cached_tokens``: what the server really reused). Anthropic's ``null`` (nothing diverged) has no
+room for it: a server that wants kvlab's detail then puts ``extension(...)`` beside it.
 
 Pieces: ``shape_of`` (request body -> ``PromptShape``), ``compare`` -> ``Comparison``,
 ``token_detail`` -> ``TokenDetail``, the provider objects (``anthropic_diagnostics``,
