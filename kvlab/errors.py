@@ -83,3 +83,11 @@ class VLMUnavailableError(KvlabError, ImportError):
 
 class QuantizationError(KvlabError, ValueError):
     """KV quantization settings mlx cannot use (bits, a group size that does not divide head_dim)."""
+
+
+class DiagnosticsError(KvlabError, ValueError):
+    """A cache-diagnostics request kvlab cannot read (a malformed ``diagnostics`` or
+    ``prompt_cache_options`` object, a request body that is not a prompt); ``status`` is the HTTP
+    status a served request gets."""
+
+    status = 400
