@@ -118,8 +118,9 @@ class Cause:
     changes, the entry expired).
 
     Example:
-        >>> CAUSES["timestamp"]
-        Cause(timestamp: system_changed; Fix(server: keep the date, drop the time of day rules=['timestamp_to_date']))
+        >>> CAUSES["timestamp"]      # doctest: +NORMALIZE_WHITESPACE
+        Cause(timestamp: system_changed;
+              Fix(server: keep the date, drop the time of day rules=['timestamp_to_date']))
     """
 
     name: str
