@@ -75,6 +75,9 @@ def test_the_engine_renders_request_tools(tiny):
     assert toks.ids != kv.tokenise(tiny, list(r.messages)).ids
     assert r.tools[0]["function"]["name"] in toks.text[: toks.spans[0].char_end]
     assert engine.key_of(r).ids == toks.ids
+    # and Workload.token_ids (what trace export uses) renders them too
+    wl = CAUSES["tools_reordered"].generate(turns=2, **SIZES)
+    assert wl.token_ids(tiny) == [t.ids for t in rendered(tiny, wl)]
 
 
 def reuse(model, workload):

@@ -71,6 +71,19 @@ def test_generators_are_seeded_and_sized(name):
     assert all(r.max_tokens == 32 for r in a)
 
 
+@pytest.mark.parametrize("name", list(PAIRS))
+def test_one_turn_and_bad_sizes(name):
+    # mutant: a generator that indexes a previous request that a one-turn workload lacks, or
+    # lets turns=0 through as an empty workload
+    cause = CAUSES[name]
+    assert len(cause.generate(turns=1)) == 1 and cause.diagnose(cause.generate(turns=1)) == ()
+    with pytest.raises(RequestError, match="turns must be a positive int, got 0"):
+        cause.generate(turns=0)
+    if name != "billing_header":
+        with pytest.raises(RequestError, match="result_tokens must be a positive int"):
+            cause.generate(turns=2, result_tokens=-1)
+
+
 @pytest.mark.parametrize("name", [n for n in PAIRS if n != "billing_header"])
 def test_openai_tool_calls_and_results_pair_up(name):
     # mutant: a tool result whose tool_call_id names no call, or tools left out of the request
