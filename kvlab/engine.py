@@ -114,9 +114,10 @@ class Engine:
         """(Tokens, extra-key spans, salt, max_tokens) of any accepted request form: chat messages,
         text, token ids, ``Tokens`` or a ``kv.workloads.Request``. Ids outside the model's
         vocabulary raise TokenIdError naming the position."""
-        extra, salt, max_tokens = (), None, None
+        extra, salt, max_tokens, template = (), None, None, {}
         if isinstance(request, Request):
             extra, salt, max_tokens = request.extra_keys, request.salt, request.max_tokens
+            template = request.template_kwargs  # tools reach the chat template
             request = list(request.messages) if request.messages is not None else list(request.ids)
         if isinstance(request, Tokens):
             self.model.check_ids(request.ids)
@@ -124,7 +125,7 @@ class Engine:
         if isinstance(request, (list, tuple, str)) or is_id_sequence(request):
             if len(request) == 0:
                 raise RequestError("empty request: pass messages, text or token ids")
-            return self.model.tokenise(request), extra, salt, max_tokens
+            return self.model.tokenise(request, **template), extra, salt, max_tokens
         raise RequestError(f"cannot run a {type(request).__name__}: pass a list of messages, "
                            "a string, token ids, Tokens or a kv.workloads.Request")
 

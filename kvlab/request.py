@@ -26,6 +26,8 @@ class Request:
     """One request: chat ``messages`` or raw token ``ids`` (exactly one), and how much to generate.
 
     ``extra_keys`` and ``salt`` join the request's block hashes (LoRA ids, tenant salts).
+    ``tools`` (chat requests only) are OpenAI function-tool schemas, rendered by the chat template
+    (its ``tools=``), so their order is part of the prompt.
     Equality and hashing go through :meth:`digest`, so requests holding image arrays compare.
 
     Example:
@@ -40,6 +42,7 @@ class Request:
     salt: str | None = None
     max_tokens: int = 128
     name: str = ""
+    tools: tuple[dict, ...] | None = None
 
     def __post_init__(self):
         if (self.messages is None) == (self.ids is None):
@@ -60,6 +63,12 @@ class Request:
             raise RequestError(f"request {self.name!r}: max_tokens must be an int >= 0, "
                                f"got {self.max_tokens!r}")
         object.__setattr__(self, "extra_keys", tuple(self.extra_keys))
+        if self.tools is not None:
+            if self.messages is None or isinstance(self.tools, (str, dict)) or \
+                    not all(isinstance(t, dict) for t in self.tools):
+                raise RequestError(f"request {self.name!r}: tools must be a sequence of tool-schema "
+                                   "dicts ({'type': 'function', 'function': {...}}) on a chat request")
+            object.__setattr__(self, "tools", tuple(dict(t) for t in self.tools))
 
     @property
     def kind(self) -> str:
@@ -72,6 +81,11 @@ class Request:
             isinstance(m.get("content"), (list, tuple))
             and any(isinstance(p, dict) and p.get("type") in ("image", "image_url") for p in m["content"])
             for m in self.messages)
+
+    @property
+    def template_kwargs(self) -> dict:
+        """What the chat template gets besides the messages: ``{"tools": [...]}`` or nothing."""
+        return {"tools": [dict(t) for t in self.tools]} if self.tools is not None else {}
 
     def __len__(self) -> int:
         """Token ids, or messages for a chat request."""
@@ -87,6 +101,8 @@ class Request:
         """A process-independent sha256 of everything the request contains (images by content)."""
         body = {"messages": self.messages, "ids": self.ids, "extra_keys": self.extra_keys,
                 "salt": self.salt, "max_tokens": int(self.max_tokens), "name": self.name}
+        if self.tools is not None:  # only then, so digests of requests without tools stay as they were
+            body["tools"] = self.tools
         return hashlib.sha256(canonical_json(body).encode()).hexdigest()
 
     def __eq__(self, other) -> bool:
@@ -97,7 +113,8 @@ class Request:
 
     def __repr__(self) -> str:
         size = (f"ids={len(self.ids)}" if self.ids is not None
-                else f"messages={len(self.messages)}" + (" +images" if self.has_images else ""))
+                else f"messages={len(self.messages)}" + (" +images" if self.has_images else "")
+                + (f" tools={len(self.tools)}" if self.tools is not None else ""))
         return f"Request({self.name!r} {size} max_tokens={self.max_tokens})"
 
     def _repr_html_(self) -> str:
@@ -161,7 +178,7 @@ class Workload:
                                    "tokenise them")
             from .primitives.tokens import tokenise
 
-            out.append(tuple(tokenise(tokenizer, list(r.messages)).ids))
+            out.append(tuple(tokenise(tokenizer, list(r.messages), **r.template_kwargs).ids))
         return out
 
     def __repr__(self) -> str:

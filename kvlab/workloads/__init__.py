@@ -9,7 +9,9 @@ for JSON) and exact for token ids.
   multimodal_mix (and ``GENERATORS`` by name);
 - ``text``: the seeded prose, questions, images and tool schemas they are made of (the schemas
   are package data, ``kvlab/data/tool_schemas.json``);
-- ``fit``: ``fit_to_context``, a workload shrunk to a model's context.
+- ``fit``: ``fit_to_context``, a workload shrunk to a model's context;
+- ``agent_causes``: ``CAUSES``, the reported causes of agent cache misses, each a ``Cause`` with
+  its workload, diagnostics type and fix (``agent_traffic`` holds their generators).
 
 Example:
     >>> wl = kv.workloads.prefix_repetition(prefix_len=512, suffix_len=128, num_prompts=50,
@@ -21,11 +23,13 @@ Example:
 from __future__ import annotations
 
 from ..request import Request, Workload
+from .agent_causes import CAUSES, Cause, Fix, StructuralChange, structural_change
 from .fit import fit_to_context
 from .generators import (BILLING_HEADER, GENERATORS, agentic_loop, branching, multi_turn, multimodal_mix,
                          prefix_repetition, shared_system_prompt)
 from .text import JSON_CHARS_PER_TOKEN, PROSE_CHARS_PER_TOKEN, tool_schemas
 
-__all__ = ["BILLING_HEADER", "GENERATORS", "JSON_CHARS_PER_TOKEN", "PROSE_CHARS_PER_TOKEN", "Request",
+__all__ = ["BILLING_HEADER", "CAUSES", "Cause", "Fix", "GENERATORS", "JSON_CHARS_PER_TOKEN",
+           "PROSE_CHARS_PER_TOKEN", "Request", "StructuralChange",
            "Workload", "agentic_loop", "branching", "fit_to_context", "multi_turn", "multimodal_mix",
-           "prefix_repetition", "shared_system_prompt", "tool_schemas"]
+           "prefix_repetition", "shared_system_prompt", "structural_change", "tool_schemas"]
