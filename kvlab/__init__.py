@@ -56,6 +56,7 @@ _SUBMODULES = {
     "traces": "experiments.traces", "runner": "experiments.runner", "grid": "experiments.grid",
     "cost": "experiments.cost", "replay": "experiments.replay", "simulator": "sim.simulator",
     "snapshots": "primitives.snapshots", "errors": "errors", "checkpoints": "checkpoints",
+    "proxy": "proxy",  # a package that is also callable: kv.proxy(upstream, ...) starts a proxy
 }
 
 _ERRORS = {"BlockSizeError", "BoundaryError", "BudgetError", "ImageError", "KvlabError",

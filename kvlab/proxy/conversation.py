@@ -1,0 +1,218 @@
+"""Client-side tracking of the requests a proxy forwards: which earlier request each one extends,
+where their prompts part, and what the upstream said it reused, one row a request.
+
+With a tokenizer, a prompt is its rendered token ids (``kv.tokenise``, as the upstream renders
+it); without one, a sequence of structural hashes, one per message (``Prompt.structure``), and
+positions count messages, not tokens (the row's ``unit`` says which). A request *extends* the
+earlier request whose prompt shares the longest prefix with its own (ties: the latest; without a
+tokenizer, then the most messages equal at the same place, so an edited system prompt still names
+its conversation), if that prefix (or that count) holds at least ``min_common`` units; ``kv.diverge`` then names the first differing token,
+the message it falls in (``message_index`` counts the rendered conversation: a system prompt is
+message 0) and its role. Prompts are tokenised lazily, once, when a row is made or an earlier
+request is compared, so tokenising never delays forwarding.
+
+``diagnose(previous, current)`` is the hook for a structural diagnosis (two ``Exchange`` objects;
+their ``prompt.body`` and ``prompt.kind`` are the requests): whatever it returns is the row's
+``diagnosis``. kvlab.diagnostics plugs in here, e.g.
+``lambda a, b: dx.compare(dx.shape_of(a.prompt.body, ...), dx.shape_of(b.prompt.body, ...))``.
+
+Example:
+    >>> t = Tracker(tokenizer=kv.load("tiny"))
+    >>> a = t.open("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}]})
+    >>> t.close(a, status="ok")["extends"] is None
+    True
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from ..errors import KvlabError
+from ..primitives.display import summary_html, table_html
+from ..primitives.divergence import diverge
+from ..primitives.tokens import common_prefix_len
+from .prompt import Prompt, prompt_of
+from .usage import Watch
+
+log = logging.getLogger("kvlab.proxy")
+COLUMNS = ("id", "route", "model", "stream", "status", "http_status", "unit", "prompt_tokens",
+           "upstream_prompt_tokens", "reused_tokens", "output_tokens", "extends", "common_prefix",
+           "diverged_at", "message_index", "role", "finish_reason", "arrival", "ttft_s", "e2e_s",
+           "diagnosis", "error")
+RAN = ("ok", "disconnected")  # statuses of requests the upstream ran (and recorded)
+
+
+@dataclass(eq=False)
+class Exchange:
+    """One forwarded request: its ``id`` (1, 2, ... in arrival order), ``route``, ``prompt``,
+    arrival (epoch s) and ``t0`` (perf_counter), the response ``watch``, ``first`` output time
+    and, once closed, its ``row``."""
+
+    id: int
+    route: str
+    prompt: Prompt
+    arrival: float
+    t0: float
+    watch: Watch = field(default_factory=Watch)
+    first: float | None = None
+    row: dict | None = None
+    _tokens: object = field(default=None, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def output_seen(self) -> None:
+        """Mark the first output (the proxy calls it when a chunk carries it)."""
+        if self.first is None:
+            self.first = time.perf_counter()
+
+
+class Tracker:
+    """The rows of a proxy (module docstring). ``history``: how many earlier requests a new one
+    is compared with (the oldest are forgotten first)."""
+
+    def __init__(self, tokenizer=None, *, diagnose=None, min_common: int = 1, history: int = 256):
+        if min_common < 1:
+            raise KvlabError(f"min_common must be >= 1 (a shared prefix of at least one unit), got {min_common}")
+        self.tokenizer = tokenizer
+        self.diagnose = diagnose
+        self.min_common = int(min_common)
+        self.rows: list[dict] = []
+        self._recent: deque[Exchange] = deque(maxlen=int(history))
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+
+    @property
+    def unit(self) -> str:
+        return "tokens" if self.tokenizer is not None else "messages"
+
+    def open(self, route: str, body) -> Exchange:
+        """Register a request as it arrives (before it is forwarded): cheap, no tokenising."""
+        ex = Exchange(next(self._ids), route, prompt_of(route, body), time.time(), time.perf_counter())
+        with self._lock:
+            self._recent.append(ex)
+        return ex
+
+    def tokens(self, ex: Exchange):
+        """``ex``'s prompt as Tokens (with a tokenizer) or structural hashes; None if unreadable."""
+        with ex._lock:
+            if ex._tokens is None:
+                ex._tokens = self._tokenise(ex.prompt) or ()
+            return ex._tokens or None
+
+    def _tokenise(self, p: Prompt):
+        if not p.readable:
+            return None
+        if self.tokenizer is None:
+            return p.structure()
+        from ..primitives.tokens import from_ids, tokenise
+
+        try:
+            if p.ids is not None:
+                return from_ids(p.ids, getattr(self.tokenizer, "tokenizer", self.tokenizer))
+            if p.text is not None:
+                return tokenise(self.tokenizer, p.text)
+            return tokenise(self.tokenizer, list(p.messages), **p.template_kwargs)
+        except KvlabError as e:
+            log.info("kvlab proxy: cannot tokenise request: %s", e)
+            return None
+
+    def close(self, ex: Exchange, *, status: str, http_status: int | None = None,
+              error: str | None = None) -> dict:
+        """Make ``ex``'s row: compare it with the earlier requests, read its usage; returns it."""
+        end = time.perf_counter()
+        w = ex.watch
+        row = {"id": ex.id, "route": ex.route, "model": (ex.prompt.body or {}).get("model"),
+               "stream": bool((ex.prompt.body or {}).get("stream")), "status": status,
+               "http_status": http_status, "unit": self.unit, "prompt_tokens": None,
+               "upstream_prompt_tokens": w.prompt_tokens, "reused_tokens": w.cached_tokens,
+               "output_tokens": w.output_tokens if w.output_tokens is not None else (w.outputs or None),
+               "extends": None, "common_prefix": None, "diverged_at": None, "message_index": None,
+               "role": None, "finish_reason": w.finish_reason, "arrival": ex.arrival,
+               "ttft_s": (ex.first - ex.t0) if ex.first is not None else None, "e2e_s": end - ex.t0,
+               "diagnosis": None, "error": error}
+        mine = self.tokens(ex)
+        if mine is not None:
+            row["prompt_tokens"] = len(mine) if self.tokenizer is not None else w.prompt_tokens
+            self._compare(ex, mine, row)
+        with self._changed:
+            ex.row = row
+            self.rows.append(row)
+            self._changed.notify_all()
+        return row
+
+    def _compare(self, ex: Exchange, mine, row: dict) -> None:
+        with self._lock:
+            earlier = [e for e in self._recent if e.id < ex.id]
+        best, best_key = None, (0, 0)
+        for e in reversed(earlier):  # latest first, so a tie keeps the latest
+            if e.row is not None and e.row["status"] not in RAN:
+                continue  # refused or never delivered: the upstream cached nothing of it
+            theirs = self.tokens(e)
+            if theirs is None:
+                continue
+            key = (common_prefix_len(_ids(theirs), _ids(mine)), 0)
+            if self.tokenizer is None:
+                # messages equal at the same place: the conversation of an edited system prompt
+                key = (key[0], sum(a == b for a, b in zip(theirs, mine)))
+            if key > best_key:
+                best, best_key = e, key
+        best_common = best_key[0]
+        if best is None or max(best_key) < self.min_common:
+            return
+        row.update(extends=best.id, common_prefix=best_common)
+        theirs = self.tokens(best)
+        if self.tokenizer is not None:
+            d = diverge(theirs, mine)
+            row.update(diverged_at=d.token_index, message_index=d.message_index, role=d.role)
+        elif best_common < min(len(theirs), len(mine)):
+            roles = [m.get("role") for m in ex.prompt.messages or ()]
+            row.update(diverged_at=best_common, message_index=best_common,
+                       role=roles[best_common] if best_common < len(roles) else None)
+        if self.diagnose is not None:
+            try:
+                row["diagnosis"] = self.diagnose(best, ex)
+            except Exception as e:  # noqa: BLE001  a diagnosis bug must not lose the row
+                log.warning("kvlab proxy: diagnose failed for request %s: %s", ex.id, e)
+                row["diagnosis"] = f"diagnose failed: {e}"
+
+    def wait(self, n: int, timeout: float = 60.0) -> list[dict]:
+        """Block until ``n`` rows exist (a KvlabError after ``timeout`` s); returns the rows."""
+        with self._changed:
+            if not self._changed.wait_for(lambda: len(self.rows) >= n, timeout):
+                raise KvlabError(f"only {len(self.rows)} of {n} proxied requests finished within "
+                                 f"{timeout}s; are they still running upstream?")
+            return list(self.rows)
+
+    def listing(self) -> list[dict]:
+        """A copy of the rows, ``diagnosis`` as text (JSON-ready)."""
+        with self._lock:
+            return [{**r, "diagnosis": None if r["diagnosis"] is None else str(r["diagnosis"])}
+                    for r in self.rows]
+
+    def frame(self):
+        """The rows as a polars DataFrame (``diagnosis`` as text)."""
+        import polars as pl
+
+        rows = self.listing()
+        schema = {c: pl.Int64 for c in COLUMNS}
+        schema.update(route=pl.String, model=pl.String, stream=pl.Boolean, status=pl.String,
+                      unit=pl.String, role=pl.String, finish_reason=pl.String, arrival=pl.Float64,
+                      ttft_s=pl.Float64, e2e_s=pl.Float64, diagnosis=pl.String, error=pl.String)
+        return pl.DataFrame([{c: r.get(c) for c in COLUMNS} for r in rows], schema=schema) if rows else pl.DataFrame(schema=schema)
+
+    def __repr__(self) -> str:
+        return f"Tracker({len(self.rows)} requests, positions in {self.unit})"
+
+    def _repr_html_(self) -> str:
+        shown = ("id", "route", "status", "prompt_tokens", "reused_tokens", "extends", "diverged_at", "role")
+        return summary_html("kvlab proxy requests", f"{len(self.rows)} requests", f"positions in {self.unit}",
+                            body=table_html(shown, [[r[c] for c in shown] for r in self.rows[-20:]]))
+
+
+def _ids(x):
+    return x.ids if hasattr(x, "ids") else x
