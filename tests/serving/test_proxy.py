@@ -207,7 +207,7 @@ def test_a_three_turn_conversation_extends_turn_by_turn_and_records(start, proxi
     for turn, question in enumerate(["What is a prime?", "And a composite?", "Give one of each."]):
         msgs.append({"role": "user", "content": question})
         body = {"model": "tiny", "messages": list(msgs), "max_tokens": 6, "temperature": 0}
-        if turn == 1:  # the middle turn streams: usage comes in the final chunk
+        if turn == 2:  # the last turn streams: usage comes in the final chunk
             body.update(stream=True, stream_options={"include_usage": True})
             with httpx.stream("POST", p.url + CHAT, json=body, timeout=60) as r:
                 events = _sse_events(r.read())
@@ -218,7 +218,8 @@ def test_a_three_turn_conversation_extends_turn_by_turn_and_records(start, proxi
         usages.append(usage)
         prompts.append(kv.tokenise(tiny, list(msgs)).ids)
         msgs.append({"role": "assistant", "content": reply})
-    rows = p.wait(3)
+    # no wait: a row is made before its response ends (mutant: the stream's end sent first)
+    rows = p.requests
     assert [r["id"] for r in rows] == [1, 2, 3]
     # mutant: extends = the first request ever, or the earliest of a tie, instead of the longest prefix
     assert [r["extends"] for r in rows] == [None, 1, 2]
