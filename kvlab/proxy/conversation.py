@@ -5,14 +5,15 @@ With a tokenizer, a prompt is its rendered token ids (``kv.tokenise``, as the up
 it); without one, a sequence of structural hashes, one per message (``Prompt.structure``), and
 positions count messages, not tokens (the row's ``unit`` says which). A request *extends* the
 earlier request whose prompt shares the longest prefix with its own (ties: the latest; without a
-tokenizer, then the most messages equal at the same place, so an edited system prompt still names
-its conversation), if that prefix (or that count) holds at least ``min_common`` units; ``kv.diverge`` then names the first differing token,
-the message it falls in (``message_index`` counts the rendered conversation: a system prompt is
-message 0) and its role. Prompts are tokenised lazily, once, when a row is made or an earlier
-request is compared, so tokenising never delays forwarding.
+tokenizer, then the most messages equal at the same place, so an edited system prompt still
+names its conversation), if that prefix (or that count) holds at least ``min_common`` units.
+``kv.diverge`` then names the first differing token and the message of *this* request it falls
+in (``message_index`` counts the rendered conversation: a system prompt is message 0) with its
+role. A prompt is tokenised when its row is made, after the response has gone through, so
+tokenising never delays forwarding; only the ids of the last ``history`` requests are kept.
 
 ``diagnose(previous, current)`` is the hook for a structural diagnosis (two ``Exchange`` objects;
-their ``prompt.body`` and ``prompt.kind`` are the requests): whatever it returns is the row's
+their ``prompt.body`` and ``prompt.kind`` are the requests, ``Tracker.ids(ex)`` their ids): whatever it returns is the row's
 ``diagnosis``. kvlab.diagnostics plugs in here, e.g.
 ``lambda a, b: dx.compare(dx.shape_of(a.prompt.body, ...), dx.shape_of(b.prompt.body, ...))``.
 
@@ -26,6 +27,7 @@ Example:
 from __future__ import annotations
 
 import itertools
+from array import array
 import logging
 import threading
 import time
@@ -61,7 +63,7 @@ class Exchange:
     watch: Watch = field(default_factory=Watch)
     first: float | None = None
     row: dict | None = None
-    _tokens: object = field(default=None, repr=False)
+    _ids: object = field(default=None, repr=False)  # array('q') of token ids or tuple of hashes; () unreadable
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def output_seen(self) -> None:
@@ -74,7 +76,7 @@ class Tracker:
     """The rows of a proxy (module docstring). ``history``: how many earlier requests a new one
     is compared with (the oldest are forgotten first)."""
 
-    def __init__(self, tokenizer=None, *, diagnose=None, min_common: int = 1, history: int = 256):
+    def __init__(self, tokenizer=None, *, diagnose=None, min_common: int = 1, history: int = 128):
         if min_common < 1:
             raise KvlabError(f"min_common must be >= 1 (a shared prefix of at least one unit), got {min_common}")
         self.tokenizer = tokenizer
@@ -97,12 +99,21 @@ class Tracker:
             self._recent.append(ex)
         return ex
 
-    def tokens(self, ex: Exchange):
-        """``ex``'s prompt as Tokens (with a tokenizer) or structural hashes; None if unreadable."""
+    def ids(self, ex: Exchange):
+        """``ex``'s prompt as token ids (an ``array('q')``, with a tokenizer) or structural hashes
+        (a tuple); None if unreadable. Computed once; only these are kept, not the text."""
         with ex._lock:
-            if ex._tokens is None:
-                ex._tokens = self._tokenise(ex.prompt) or ()
-            return ex._tokens or None
+            if ex._ids is None:
+                ex._ids = _compact(self._tokenise(ex.prompt))
+            return ex._ids or None
+
+    def tokens(self, ex: Exchange):
+        """``ex``'s prompt as Tokens (message spans, text) or structural hashes, computed now."""
+        with ex._lock:
+            t = self._tokenise(ex.prompt)
+            if ex._ids is None:
+                ex._ids = _compact(t)
+            return t
 
     def _tokenise(self, p: Prompt):
         if not p.readable:
@@ -135,27 +146,28 @@ class Tracker:
                "role": None, "finish_reason": w.finish_reason, "arrival": ex.arrival,
                "ttft_s": (ex.first - ex.t0) if ex.first is not None else None, "e2e_s": end - ex.t0,
                "diagnosis": None, "error": error}
-        mine = self.tokens(ex)
-        if mine is not None:
-            row["prompt_tokens"] = len(mine) if self.tokenizer is not None else w.prompt_tokens
-            self._compare(ex, mine, row)
+        full = self.tokens(ex)
+        if full is not None:
+            row["prompt_tokens"] = len(full) if self.tokenizer is not None else w.prompt_tokens
+            self._compare(ex, full, row)
         with self._changed:
             ex.row = row
             self.rows.append(row)
             self._changed.notify_all()
         return row
 
-    def _compare(self, ex: Exchange, mine, row: dict) -> None:
+    def _compare(self, ex: Exchange, full, row: dict) -> None:
         with self._lock:
             earlier = [e for e in self._recent if e.id < ex.id]
+        mine = self.ids(ex)
         best, best_key = None, (0, 0)
         for e in reversed(earlier):  # latest first, so a tie keeps the latest
             if e.row is not None and e.row["status"] not in RAN:
                 continue  # refused or never delivered: the upstream cached nothing of it
-            theirs = self.tokens(e)
+            theirs = self.ids(e)
             if theirs is None:
                 continue
-            key = (common_prefix_len(_ids(theirs), _ids(mine)), 0)
+            key = (common_prefix_len(theirs, mine), 0)
             if self.tokenizer is None:
                 # messages equal at the same place: the conversation of an edited system prompt
                 key = (key[0], sum(a == b for a, b in zip(theirs, mine)))
@@ -165,9 +177,9 @@ class Tracker:
         if best is None or max(best_key) < self.min_common:
             return
         row.update(extends=best.id, common_prefix=best_common)
-        theirs = self.tokens(best)
+        theirs = self.ids(best)
         if self.tokenizer is not None:
-            d = diverge(theirs, mine)
+            d = diverge(full, list(theirs))  # spans from this request: its message, its role
             row.update(diverged_at=d.token_index, message_index=d.message_index, role=d.role)
         elif best_common < min(len(theirs), len(mine)):
             roles = [m.get("role") for m in ex.prompt.messages or ()]
@@ -214,5 +226,8 @@ class Tracker:
                             body=table_html(shown, [[r[c] for c in shown] for r in self.rows[-20:]]))
 
 
-def _ids(x):
-    return x.ids if hasattr(x, "ids") else x
+def _compact(t):
+    """What is kept of a prompt: 8 bytes a token id (a Tokens object holds text and offsets too)."""
+    if t is None:
+        return ()
+    return array("q", t.ids) if hasattr(t, "ids") else tuple(t)

@@ -32,7 +32,7 @@ GET_ROUTES = ("/v1/models", "/health")
 # not forwarded: hop-by-hop headers (RFC 9110 7.6.1), the proxy's own framing, and compression
 DROP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection",
                   "te", "trailer", "transfer-encoding", "upgrade", "host", "content-length",
-                  "accept-encoding"})
+                  "accept-encoding", "expect"})
 BUFFER = 65536
 
 

@@ -51,7 +51,7 @@ class Proxy:
 
     def __init__(self, upstream: str, *, host: str = "127.0.0.1", port: int = 0, record=None,
                  record_text: bool = False, tokenizer=None, diagnose=None, timeout: float = 600.0,
-                 block_size: int = 16, min_common: int = 1, history: int = 256):
+                 block_size: int = 16, min_common: int = 1, history: int = 128):
         self.upstream, self._scheme, self._netloc, self.base_path = _parse_upstream(upstream)
         self.host, self.port, self.timeout = host, int(port), float(timeout)
         self.tokenizer = _tokenizer(tokenizer)
@@ -134,8 +134,8 @@ class Proxy:
         """Make ``ex``'s row and, for a request the upstream ran, record it."""
         row = self.tracker.close(ex, **kw)
         if self.recorder is not None and row["status"] in RAN:
-            toks = self.tracker.tokens(ex) if self.tokenizer is not None else None
-            rec = {**row, "upstream": self.upstream, "prompt_ids": None if toks is None else toks.ids,
+            ids = self.tracker.ids(ex) if self.tokenizer is not None else None
+            rec = {**row, "upstream": self.upstream, "prompt_ids": None if ids is None else list(ids),
                    "messages": list(ex.prompt.messages) if ex.prompt.messages is not None else None}
             rec["diagnosis"] = None if row["diagnosis"] is None else str(row["diagnosis"])
             try:

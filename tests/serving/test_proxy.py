@@ -348,3 +348,53 @@ def test_cli_proxy_runs_in_the_foreground_and_stops_on_sigterm(scripted, tmp_pat
             proc.wait(10)
     assert "stopped after 1 requests" in proc.stderr.read()
     assert [r["status"] for r in read_records(tmp_path / "cli.jsonl")] == ["ok"]
+
+
+# -- pieces -----------------------------------------------------------------------------------------
+ANTHROPIC_STREAM = (
+    b'event: message_start\ndata: {"type":"message_start","message":{"id":"msg_1","usage":'
+    b'{"input_tokens":3,"cache_read_input_tokens":7,"cache_creation_input_tokens":0,"output_tokens":0}}}\n\n'
+    b'event: ping\ndata: {"type":"ping"}\n\n'
+    b'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Hi"}}\n\n'
+    b'event: message_delta\ndata: {"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":4}}\n\n'
+    b'event: message_stop\ndata: {"type":"message_stop"}\n\n')
+RESPONSES_STREAM = (
+    b'event: response.output_text.delta\r\ndata: {"type":"response.output_text.delta","delta":"Hi"}\r\n\r\n'
+    b'event: response.completed\r\ndata: {"type":"response.completed","response":{"id":"resp_1","status":'
+    b'"completed","usage":{"input_tokens":20,"input_tokens_details":{"cached_tokens":16},"output_tokens":2,'
+    b'"output_tokens_details":{"reasoning_tokens":0},"total_tokens":22}}}\r\n\r\n')
+
+
+@pytest.mark.parametrize("stream, expected", [
+    (ANTHROPIC_STREAM, ("msg_1", 10, 7, 4, "end_turn")),
+    (RESPONSES_STREAM, ("resp_1", 20, 16, 2, "completed"))])
+def test_watch_reads_usage_wherever_the_chunks_split(stream, expected):
+    from kvlab.proxy.usage import Watch
+
+    whole, byte = Watch(), Watch()
+    assert whole.feed(stream)
+    firsts = [i for i in range(len(stream)) if byte.feed(stream[i:i + 1])]
+    # mutant: a watcher that drops the partial event at a chunk's end reads nothing byte by byte
+    for w in (whole, byte):
+        assert (w.id, w.prompt_tokens, w.cached_tokens, w.output_tokens, w.finish_reason) == expected
+    assert len(firsts) == 1 and stream[:firsts[0] + 1].endswith(b"}\n\n" if b"\r" not in stream else b"}\r\n\r\n")
+
+
+def test_prompts_of_each_route_and_the_reprs(tmp_path):
+    from kvlab.proxy.prompt import prompt_of
+
+    r = prompt_of("/v1/responses", {"instructions": "Be brief.", "input": [
+        {"role": "user", "content": [{"type": "input_text", "text": "Hi"}]}], "tools": [{"name": "f"}]})
+    assert [m["content"] for m in r.messages] == ["Be brief.", "Hi"] and r.template_kwargs == {"tools": [{"name": "f"}]}
+    assert prompt_of("/v1/completions", {"prompt": [1, 2, 3]}).ids == (1, 2, 3)
+    bad = prompt_of("/v1/chat/completions", {"messages": []})
+    assert not bad.readable and "non-empty" in bad.problem and bad.structure() == ()
+    port = free_port()
+    with kv.proxy(f"http://127.0.0.1:{port}/v1/", record=tmp_path / "r.jsonl") as p:
+        assert p.upstream == f"http://127.0.0.1:{port}"  # the routes carry /v1
+        assert repr(p).startswith(f"Proxy({p.url} -> {p.upstream} running, 0 requests")
+        for obj in (p, p.tracker, p.recorder, r):
+            assert "<" in obj._repr_html_() and repr(obj)
+    assert "stopped" in repr(p)
+    with pytest.raises(kv.KvlabError, match="base URL"):
+        kv.proxy("localhost:8080")
