@@ -198,19 +198,21 @@ class Tracker:
             if not self._changed.wait_for(lambda: len(self.rows) >= n, timeout):
                 raise KvlabError(f"only {len(self.rows)} of {n} proxied requests finished within "
                                  f"{timeout}s; are they still running upstream?")
-            return list(self.rows)
+        return self.listing()
 
     def listing(self) -> list[dict]:
-        """A copy of the rows, ``diagnosis`` as text (JSON-ready)."""
+        """A JSON-ready copy of the rows (``diagnosis`` through :func:`jsonable`)."""
         with self._lock:
-            return [{**r, "diagnosis": None if r["diagnosis"] is None else str(r["diagnosis"])}
-                    for r in self.rows]
+            return [{**r, "diagnosis": jsonable(r["diagnosis"])} for r in self.rows]
 
     def frame(self):
-        """The rows as a polars DataFrame (``diagnosis`` as text)."""
+        """The rows as a polars DataFrame (``diagnosis`` as JSON text)."""
+        import json
+
         import polars as pl
 
-        rows = self.listing()
+        rows = [{**r, "diagnosis": None if r["diagnosis"] is None else json.dumps(r["diagnosis"], default=str)}
+                for r in self.listing()]
         schema = {c: pl.Int64 for c in COLUMNS}
         schema.update(route=pl.String, model=pl.String, stream=pl.Boolean, status=pl.String,
                       unit=pl.String, role=pl.String, finish_reason=pl.String, arrival=pl.Float64,
@@ -224,6 +226,21 @@ class Tracker:
         shown = ("id", "route", "status", "prompt_tokens", "reused_tokens", "extends", "diverged_at", "role")
         return summary_html("kvlab proxy requests", f"{len(self.rows)} requests", f"positions in {self.unit}",
                             body=table_html(shown, [[r[c] for c in shown] for r in self.rows[-20:]]))
+
+
+def jsonable(obj):
+    """A diagnosis as JSON can carry it: plain values as they are, an object by its ``to_dict()``,
+    anything else as its text.
+
+    Example:
+        >>> jsonable({"type": "system_changed"}), jsonable(3.5), jsonable(object)
+        ({'type': 'system_changed'}, 3.5, "<class 'object'>")
+    """
+    if obj is None or isinstance(obj, (str, int, float, bool, list, dict)):
+        return obj
+    if callable(getattr(obj, "to_dict", None)):
+        return obj.to_dict()
+    return str(obj)
 
 
 def _compact(t):

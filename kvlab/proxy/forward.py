@@ -11,8 +11,8 @@ anything else is read whole and sent with its length. ``GET /kvlab/requests`` li
 
 Bad input: an upstream that cannot be reached answers 502 with a JSON error naming its URL and the
 cause (Anthropic's error shape on /v1/messages, OpenAI's elsewhere); a client that leaves
-mid-response closes the upstream connection at once and its row says ``disconnected``; unknown
-routes answer a JSON 404.
+mid-response closes the upstream connection at once and its row says ``disconnected`` (a stream
+cut by the proxy's own stop says ``stopped`` and is not recorded); unknown routes answer a JSON 404.
 
 Example:
     >>> handler_class = bind_handler(proxy)   # a subclass whose ``px`` is the running Proxy
@@ -151,11 +151,14 @@ class ProxyHandler(BaseHTTPRequestHandler):
                 self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
             except OSError as e:
                 gone = e
+        if gone is None and not self.px.running:
+            broke = ConnectionAbortedError("the proxy stopped mid-response")  # stop() cut the upstream
         if gone is not None or broke is not None:
             self.close_connection = True
             resp.close()  # the client left (or the upstream broke): stop the upstream generating
         if ex is not None:
-            status = "disconnected" if gone is not None else "upstream_error" if broke is not None else "ok"
+            status = ("disconnected" if gone is not None else "ok" if broke is None else
+                      "stopped" if not self.px.running else "upstream_error")
             self.px.finish(ex, status=status, http_status=resp.status,
                            error=None if status == "ok" else _cause(gone or broke))
         if gone is None:

@@ -26,7 +26,7 @@ from urllib.parse import urlsplit
 
 from ..errors import KvlabError
 from ..primitives.display import summary_html, table_html
-from .conversation import RAN, Tracker
+from .conversation import RAN, Tracker, jsonable
 from .forward import bind_handler
 from .recording import ProxyRecorder
 
@@ -40,6 +40,23 @@ class _HTTPServer(ThreadingHTTPServer):
 
     def handle_error(self, request, client_address):
         log.debug("kvlab proxy: connection from %s ended with an error", client_address, exc_info=True)
+
+
+class _Keep:
+    # http.client drops ``sock`` once a close-delimited response owns it: keep it, so stop() can cut it
+    raw = None
+
+    def connect(self):
+        super().connect()
+        self.raw = self.sock
+
+
+class _HTTP(_Keep, http.client.HTTPConnection):
+    pass
+
+
+class _HTTPS(_Keep, http.client.HTTPSConnection):
+    pass
 
 
 class Proxy:
@@ -91,7 +108,7 @@ class Proxy:
         self._stopped.set()
         self._httpd.shutdown()
         with self._lock:
-            socks = list(self._clients) + [c.sock for c in self._upstreams if c.sock is not None]
+            socks = list(self._clients) + [c.raw for c in self._upstreams if c.raw is not None]
         for s in socks:
             try:
                 s.shutdown(socket.SHUT_RDWR)
@@ -119,8 +136,7 @@ class Proxy:
 
     def connect(self) -> http.client.HTTPConnection:
         """A new connection to the upstream (closed by :meth:`release`; :meth:`stop` cuts it)."""
-        cls = http.client.HTTPSConnection if self._scheme == "https" else http.client.HTTPConnection
-        conn = cls(self._netloc, timeout=self.timeout)
+        conn = (_HTTPS if self._scheme == "https" else _HTTP)(self._netloc, timeout=self.timeout)
         with self._lock:
             self._upstreams.add(conn)
         return conn
@@ -137,7 +153,7 @@ class Proxy:
             ids = self.tracker.ids(ex) if self.tokenizer is not None else None
             rec = {**row, "upstream": self.upstream, "prompt_ids": None if ids is None else list(ids),
                    "messages": list(ex.prompt.messages) if ex.prompt.messages is not None else None}
-            rec["diagnosis"] = None if row["diagnosis"] is None else str(row["diagnosis"])
+            rec["diagnosis"] = jsonable(row["diagnosis"])
             try:
                 self.recorder.write(rec)
             except Exception as e:  # noqa: BLE001  a full disk must not stop forwarding; say so loudly

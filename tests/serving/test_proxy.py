@@ -145,23 +145,27 @@ def test_chat_through_the_proxy_equals_the_chat_sent_directly(start, proxied, ti
     body = {"model": "tiny", "messages": [{"role": "user", "content": "Name three rivers."}],
             "max_tokens": 12, "temperature": 0}
     direct = httpx.post(up.url + CHAT, json=body, timeout=60)
-    via = httpx.post(p.url + CHAT, json=body, timeout=60)
+    keep = httpx.Client(timeout=60)  # one keep-alive connection to the proxy for every request below
+    via = keep.post(p.url + CHAT, json=body)
     assert direct.status_code == via.status_code == 200
     assert via.json()["choices"] == direct.json()["choices"]
     assert via.json()["usage"]["prompt_tokens"] == direct.json()["usage"]["prompt_tokens"]
 
     sbody = dict(body, stream=True, stream_options={"include_usage": True})
     direct_chunks, via_chunks = [], []
-    for url, chunks in ((up.url, direct_chunks), (p.url, via_chunks)):
-        with httpx.stream("POST", url + CHAT, json=sbody, timeout=60) as r:
+    for client, url, chunks in ((httpx, up.url, direct_chunks), (keep, p.url, via_chunks)):
+        with client.stream("POST", url + CHAT, json=sbody, timeout=60) as r:
             assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
             chunks.extend(r.iter_raw())
+    # mutant: a stream framed without its end (or a body without its length) breaks the next request
+    assert keep.post(p.url + CHAT, json=body).json()["choices"] == direct.json()["choices"]
+    keep.close()
     d, v = _sse_events(b"".join(direct_chunks)), _sse_events(b"".join(via_chunks))
     # mutant: a proxy that drops or merges events (or buffers then rewrites them) changes the count
     assert len(v) == len(d) > 1
     assert _text(v) == _text(d) == direct.json()["choices"][0]["message"]["content"]
     assert len(via_chunks) > 1
-    rows = p.wait(2)
+    rows = p.wait(3)
     # mutant: a watcher that misses the stream's final usage chunk leaves reused_tokens None
     assert rows[1]["reused_tokens"] == v[-1]["usage"]["prompt_tokens_details"]["cached_tokens"]
     assert rows[1]["prompt_tokens"] == rows[1]["upstream_prompt_tokens"] == v[-1]["usage"]["prompt_tokens"]
@@ -250,9 +254,15 @@ def test_a_three_turn_conversation_extends_turn_by_turn_and_records(start, proxi
     assert [r["status"] for r in recs] == ["ok"] * 3 and recs[2]["extends"] == 2
 
 
+def _diagnose(previous, current):
+    if current.id == 3:
+        raise ValueError("a bug in a diagnosis")
+    return {"previous": previous.id, "kind": previous.prompt.kind, "system": current.prompt.body["system"]}
+
+
 def test_anthropic_turns_without_a_tokenizer_compare_message_by_message(start, proxied):
     up = start("radix")
-    p = proxied(up.url)
+    p = proxied(up.url, diagnose=_diagnose)
     base = {"model": "claude-x", "max_tokens": 4, "system": "Be brief.",
             "messages": [{"role": "user", "content": "Hi"}]}
     first = httpx.post(p.url + "/v1/messages", json=base, timeout=60).json()
@@ -271,6 +281,11 @@ def test_anthropic_turns_without_a_tokenizer_compare_message_by_message(start, p
     assert (rows[1]["extends"], rows[1]["common_prefix"], rows[1]["diverged_at"]) == (1, 2, None)
     # mutant: structural hashes that ignore the system prompt would put no divergence here
     assert (rows[2]["extends"], rows[2]["diverged_at"], rows[2]["role"]) == (2, 0, "system")
+    # the diagnosis hook sees both requests; its failure costs the diagnosis, not the row
+    assert rows[0]["diagnosis"] is None
+    assert rows[1]["diagnosis"] == {"previous": 1, "kind": "anthropic", "system": "Be brief."}
+    assert json.loads(p.requests_frame()["diagnosis"][1]) == rows[1]["diagnosis"]
+    assert rows[2]["diagnosis"] == "diagnose failed: a bug in a diagnosis"
 
 
 # -- against a scripted upstream --------------------------------------------------------------------
@@ -326,6 +341,23 @@ def test_a_client_that_leaves_mid_stream_closes_the_upstream_and_is_recorded_who
     recs = read_records(path)
     assert len(recs) == 1 and recs[0]["status"] == "disconnected" and recs[0]["request"] == 1
     assert path.read_bytes().endswith(b"\n")
+
+
+def test_stopping_the_proxy_mid_stream_cuts_the_upstream_and_records_nothing(scripted, proxied, tmp_path):
+    path = tmp_path / "rec.jsonl"
+    p = proxied(scripted.url, record=path)
+    body = json.dumps({"mode": "lockstep", "stream": True}).encode()
+    with socket.create_connection(("127.0.0.1", p.port), timeout=30) as s:
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s"
+                  % (len(body), body))
+        got = b""
+        while _event(0) not in got:
+            got += s.recv(4096)
+        p.stop()  # returns once every handler thread has ended
+    # mutant: a stop that leaves upstream connections open waits for the upstream (WAIT s), then
+    # the stream ends and its row says ok or disconnected
+    assert [r["status"] for r in p.requests] == ["stopped"] and not scripted.go.is_set()
+    assert path.read_bytes() == b""  # not a finished request: nothing recorded
 
 
 def test_cli_proxy_runs_in_the_foreground_and_stops_on_sigterm(scripted, tmp_path):
