@@ -98,7 +98,7 @@ class ProxyHandler(BaseHTTPRequestHandler):
                 log.warning("kvlab proxy: %s", msg)
                 self._json(502, _error(route, msg, "api_error"))
                 if ex is not None:
-                    self.px.finish(ex, status="upstream_unreachable", http_status=502, error=msg)
+                    self._finish(ex, status="upstream_unreachable", http_status=502, error=msg)
                 return
             if resp.status == 200 and "text/event-stream" in (resp.getheader("Content-Type") or ""):
                 self._stream(resp, ex)
@@ -114,7 +114,7 @@ class ProxyHandler(BaseHTTPRequestHandler):
             msg = f"the upstream {self.px.upstream} broke off its response: {_cause(e)}"
             self._json(502, _error(route, msg, "api_error"))
             if ex is not None:
-                self.px.finish(ex, status="upstream_error", http_status=502, error=msg)
+                self._finish(ex, status="upstream_error", http_status=502, error=msg)
             return
         if ex is not None:
             ex.watch.body(data)
@@ -123,7 +123,7 @@ class ProxyHandler(BaseHTTPRequestHandler):
             ok = resp.status < 400
             error = None if ok else data[:500].decode("utf-8", "replace")
             # the upstream ran the whole request: a client gone by now does not change its row
-            self.px.finish(ex, status="ok" if ok else "error", http_status=resp.status, error=error)
+            self._finish(ex, status="ok" if ok else "error", http_status=resp.status, error=error)
         try:
             self._head(resp, [("Content-Length", str(len(data)))])
             self.wfile.write(data)
@@ -159,7 +159,7 @@ class ProxyHandler(BaseHTTPRequestHandler):
         if ex is not None:
             status = ("disconnected" if gone is not None else "ok" if broke is None else
                       "stopped" if not self.px.running else "upstream_error")
-            self.px.finish(ex, status=status, http_status=resp.status,
+            self._finish(ex, status=status, http_status=resp.status,
                            error=None if status == "ok" else _cause(gone or broke))
         if gone is None:
             try:  # the row exists before the client sees the end of the stream
@@ -168,6 +168,12 @@ class ProxyHandler(BaseHTTPRequestHandler):
                 self.close_connection = True
 
     # -- internals --------------------------------------------------------------------------------
+    def _finish(self, ex, **kw) -> None:
+        try:
+            self.px.finish(ex, **kw)
+        except Exception:  # noqa: BLE001  a bug in tracking must never cost the client its response
+            log.error("kvlab proxy: no row for request %s", ex.id, exc_info=True)
+
     def _headers(self, raw) -> dict:
         out = {k: v for k, v in self.headers.items() if k.lower() not in DROP}
         if raw is not None:

@@ -303,6 +303,21 @@ def test_headers_and_body_bytes_reach_the_upstream_unchanged(scripted, proxied):
     assert r.status_code == 418 and r.json() == {"echo": True} and r.headers["x-upstream"] == "scripted"
 
 
+class BrokenTokenizer:
+    tokenizer = None  # a kvlab Tokeniser: kv.tokenise hands it the messages
+
+    def tokenise(self, *args, **kw):
+        raise RuntimeError("a tokenizer bug")
+
+
+def test_a_bug_in_tracking_never_costs_the_client_its_response(scripted, proxied):
+    p = proxied(scripted.url, tokenizer=BrokenTokenizer())
+    # mutant: finishing the row outside a guard drops the connection without a response
+    r = httpx.post(p.url + CHAT, json={"mode": "echo", "messages": [{"role": "user", "content": "Hi"}]},
+                   timeout=30)
+    assert r.status_code == 418 and r.json() == {"echo": True} and p.requests == []
+
+
 def test_a_stream_is_relayed_as_it_arrives(scripted, proxied):
     p = proxied(scripted.url)
     with httpx.stream("POST", p.url + CHAT, json={"mode": "lockstep", "stream": True}, timeout=30) as r:
