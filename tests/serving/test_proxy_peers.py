@@ -1,6 +1,7 @@
-"""kvlab proxy in front of plain mlx_lm.server (no kvlab code inside it) on the tiny model: a
-two-turn chat through the proxy records the cached tokens mlx_lm.server itself reported, and the
-proxy's client-side token ids agree with the server's prompt counts. Stops what it starts."""
+"""kvlab proxy in front of plain mlx_lm.server (no kvlab code inside it) and vllm-mlx (from
+.venv-peers) on the tiny model: a two-turn chat through the proxy records the cached tokens
+mlx_lm.server itself reported (vllm-mlx reports none: the rows say unknown), and the proxy's
+client-side token ids agree with each server's prompt counts. Stops what it starts."""
 
 from __future__ import annotations
 
@@ -54,3 +55,26 @@ def test_two_turns_through_the_proxy_record_what_mlx_lm_server_reported(tiny, tm
     assert [r["upstream"] for r in recs] == [srv.url] * 2
     trace = kv.traces.read(path)
     assert trace.frame["input_length"].to_list() == [len(x) for x in ids]
+
+
+def test_vllm_mlx_behind_the_proxy_reports_no_cached_tokens_and_the_rows_say_unknown(tiny, system_prompt):
+    with peers.start_vllm_mlx(tiny, "batched") as srv, kv.proxy(srv.url, tokenizer=tiny) as p:
+        model = httpx.get(p.url + "/v1/models", timeout=30).json()["data"][0]["id"]  # forwarded GET
+        msgs = [{"role": "system", "content": system_prompt}, {"role": "user", "content": "Hi"}]
+        for turn in range(2):
+            body = {"model": model, "messages": list(msgs), "max_tokens": 4, "temperature": 0,
+                    "stream": True, "stream_options": {"include_usage": True}}
+            with httpx.stream("POST", p.url + CHAT, timeout=120, json=body) as r:
+                assert r.status_code == 200
+                events = [json.loads(line[6:]) for line in r.iter_lines()
+                          if line.startswith("data: ") and line != "data: [DONE]"]
+            reply = "".join((c.get("delta") or {}).get("content") or "" for e in events for c in e["choices"])
+            msgs += [{"role": "assistant", "content": reply}, {"role": "user", "content": "More."}]
+        rows = p.wait(2)
+        log = srv.cache_log()
+    # its usage never carries cached tokens: the rows say unknown (None), not 0
+    assert [r["reused_tokens"] for r in rows] == [None, None]
+    assert [r["prompt_tokens"] for r in rows] == [r["upstream_prompt_tokens"] for r in rows]
+    assert rows[1]["extends"] == 1 and rows[1]["common_prefix"] > 0
+    # its own log saw both turns, with the prompt lengths the proxy tokenised on the client side
+    assert log["prompt_tokens"].to_list() == [r["prompt_tokens"] for r in rows]
