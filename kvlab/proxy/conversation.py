@@ -27,6 +27,7 @@ Example:
 from __future__ import annotations
 
 import itertools
+import json
 from array import array
 import logging
 import threading
@@ -51,20 +52,35 @@ RAN = ("ok", "disconnected")  # statuses of requests the upstream ran (and recor
 
 @dataclass(eq=False)
 class Exchange:
-    """One forwarded request: its ``id`` (1, 2, ... in arrival order), ``route``, ``prompt``,
-    arrival (epoch s) and ``t0`` (perf_counter), the response ``watch``, ``first`` output time
-    and, once closed, its ``row``."""
+    """One forwarded request: its ``id`` (1, 2, ... in arrival order), ``route``, the body as
+    ``sent`` (bytes, read into ``prompt`` on first use), arrival (epoch s) and ``t0``
+    (perf_counter), the response ``watch``, ``first`` output time and, once closed, its ``row``."""
 
     id: int
     route: str
-    prompt: Prompt
+    sent: object
     arrival: float
     t0: float
     watch: Watch = field(default_factory=Watch)
     first: float | None = None
     row: dict | None = None
     _ids: object = field(default=None, repr=False)  # array('q') of token ids or tuple of hashes; () unreadable
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _prompt: Prompt | None = field(default=None, repr=False)
+    _lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
+
+    @property
+    def prompt(self) -> Prompt:
+        """The request's prompt, read from the body on first use (after it was forwarded)."""
+        with self._lock:
+            if self._prompt is None:
+                body = self.sent
+                if isinstance(body, (bytes, bytearray)):
+                    try:
+                        body = json.loads(body) if body else None
+                    except (ValueError, UnicodeDecodeError):
+                        body = None  # the upstream says what is wrong with it
+                self._prompt, self.sent = prompt_of(self.route, body), None
+            return self._prompt
 
     def output_seen(self) -> None:
         """Mark the first output (the proxy calls it when a chunk carries it)."""
@@ -93,8 +109,9 @@ class Tracker:
         return "tokens" if self.tokenizer is not None else "messages"
 
     def open(self, route: str, body) -> Exchange:
-        """Register a request as it arrives (before it is forwarded): cheap, no tokenising."""
-        ex = Exchange(next(self._ids), route, prompt_of(route, body), time.time(), time.perf_counter())
+        """Register a request as it arrives, before it is forwarded: ``body`` as sent (bytes) or
+        parsed; nothing is parsed or tokenised here, so forwarding waits for nothing."""
+        ex = Exchange(next(self._ids), route, body, time.time(), time.perf_counter())
         with self._lock:
             self._recent.append(ex)
         return ex

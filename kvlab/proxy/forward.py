@@ -42,6 +42,7 @@ class ProxyHandler(BaseHTTPRequestHandler):
     px = None
     protocol_version = "HTTP/1.1"  # keep-alive and chunked streams to the client
     timeout = 300  # seconds an idle client may hold a connection
+    disable_nagle_algorithm = True  # each relayed chunk leaves at once, not after the client's ACK
 
     def setup(self):
         super().setup()
@@ -71,11 +72,7 @@ class ProxyHandler(BaseHTTPRequestHandler):
         if route not in POST_ROUTES:
             return self._json(404, _error(route, f"unknown route POST {route}; the proxy forwards POST "
                                           f"{', '.join(POST_ROUTES)}", "not_found_error"))
-        try:
-            body = json.loads(raw) if raw else None
-        except (ValueError, UnicodeDecodeError):
-            body = None  # the upstream says what is wrong with it
-        self._relay(route, raw, self.px.tracker.open(route, body))
+        self._relay(route, raw, self.px.tracker.open(route, raw))
 
     def _other(self):
         self._body()
