@@ -80,7 +80,7 @@ class ProxyHandler(BaseHTTPRequestHandler):
         self._json(404, _error(route, f"no {self.command} route {route}; the proxy forwards POST "
                                f"{', '.join(POST_ROUTES)} and GET {', '.join(GET_ROUTES)}", "not_found_error"))
 
-    do_PUT = do_DELETE = do_PATCH = do_HEAD = do_OPTIONS = _other
+    do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _other
 
     # -- forwarding -------------------------------------------------------------------------------
     def _relay(self, route: str, raw: bytes | None, ex) -> None:
@@ -130,8 +130,10 @@ class ProxyHandler(BaseHTTPRequestHandler):
 
     def _stream(self, resp, ex) -> None:
         gone = broke = None
+        chunked = self.request_version != "HTTP/1.0"  # an HTTP/1.0 client reads until the close
+        self.close_connection = self.close_connection or not chunked
         try:
-            self._head(resp, [("Transfer-Encoding", "chunked")])
+            self._head(resp, [("Transfer-Encoding", "chunked")] if chunked else [])
         except OSError as e:
             gone = e
         while gone is None:
@@ -145,7 +147,7 @@ class ProxyHandler(BaseHTTPRequestHandler):
             if ex is not None and ex.watch.feed(chunk):
                 ex.output_seen()
             try:
-                self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk) if chunked else chunk)
             except OSError as e:
                 gone = e
         if gone is None and not self.px.running:
@@ -157,12 +159,13 @@ class ProxyHandler(BaseHTTPRequestHandler):
             status = ("disconnected" if gone is not None else "ok" if broke is None else
                       "stopped" if not self.px.running else "upstream_error")
             self._finish(ex, status=status, http_status=resp.status,
-                           error=None if status == "ok" else _cause(gone or broke))
-        if gone is None:
+                         error=None if status == "ok" else _cause(gone or broke))
+        if gone is None and broke is None and chunked:
             try:  # the row exists before the client sees the end of the stream
                 self.wfile.write(b"0\r\n\r\n")
             except OSError:
                 self.close_connection = True
+        # a broken stream ends without its last chunk: the client sees it was cut, not finished
 
     # -- internals --------------------------------------------------------------------------------
     def _finish(self, ex, **kw) -> None:

@@ -78,6 +78,12 @@ class ScriptedHandler(BaseHTTPRequestHandler):
             self.end_headers()
             self.wfile.write(data)
             return
+        if mode == "broken":  # a chunked stream whose connection drops before its last chunk
+            e = _event(0)
+            self.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                             b"Transfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n" % (len(e), e))
+            self.close_connection = True
+            return
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.end_headers()  # HTTP/1.0: the stream ends when the connection closes, as mlx-lm's does
@@ -356,6 +362,27 @@ def test_a_client_that_leaves_mid_stream_closes_the_upstream_and_is_recorded_who
     recs = read_records(path)
     assert len(recs) == 1 and recs[0]["status"] == "disconnected" and recs[0]["request"] == 1
     assert path.read_bytes().endswith(b"\n")
+
+
+def test_a_broken_upstream_stream_is_cut_and_an_http10_client_reads_to_the_close(scripted, proxied):
+    p = proxied(scripted.url)
+    with pytest.raises(httpx.RemoteProtocolError):
+        # mutant: ending the relayed stream cleanly would pass the break off as a finished answer
+        with httpx.stream("POST", p.url + CHAT, json={"mode": "broken", "stream": True}, timeout=30) as r:
+            assert r.status_code == 200
+            r.read()
+    assert p.wait(1)[0]["status"] == "upstream_error"
+    scripted.go.set()
+    body = json.dumps({"mode": "lockstep", "stream": True}).encode()
+    with socket.create_connection(("127.0.0.1", p.port), timeout=30) as s:
+        s.sendall(b"POST /v1/chat/completions HTTP/1.0\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+        got = b""
+        while chunk := s.recv(4096):
+            got += chunk
+    head, _, rest = got.partition(b"\r\n\r\n")
+    # an HTTP/1.0 client knows no chunked framing: the bytes as the upstream sent them, then the close
+    assert b"chunked" not in head.lower() and rest == _event(0) + _event(1) + b"data: [DONE]\n\n"
+    assert p.wait(2)[1]["status"] == "ok"
 
 
 def test_stopping_the_proxy_mid_stream_cuts_the_upstream_and_records_nothing(scripted, proxied, tmp_path):
