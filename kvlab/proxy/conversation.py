@@ -43,7 +43,7 @@ from .prompt import Prompt, prompt_of
 from .usage import Watch
 
 log = logging.getLogger("kvlab.proxy")
-COLUMNS = ("id", "route", "model", "stream", "status", "http_status", "unit", "prompt_tokens",
+COLUMNS = ("id", "response_id", "route", "model", "stream", "status", "http_status", "unit", "prompt_tokens",
            "upstream_prompt_tokens", "reused_tokens", "output_tokens", "extends", "common_prefix",
            "diverged_at", "message_index", "role", "finish_reason", "arrival", "ttft_s", "e2e_s",
            "diagnosis", "error")
@@ -154,7 +154,7 @@ class Tracker:
         """Make ``ex``'s row: compare it with the earlier requests, read its usage; returns it."""
         end = time.perf_counter()
         w = ex.watch
-        row = {"id": ex.id, "route": ex.route, "model": (ex.prompt.body or {}).get("model"),
+        row = {"id": ex.id, "response_id": w.id, "route": ex.route, "model": (ex.prompt.body or {}).get("model"),
                "stream": bool((ex.prompt.body or {}).get("stream")), "status": status,
                "http_status": http_status, "unit": self.unit, "prompt_tokens": None,
                "upstream_prompt_tokens": w.prompt_tokens, "reused_tokens": w.cached_tokens,
@@ -209,6 +209,18 @@ class Tracker:
                 log.warning("kvlab proxy: diagnose failed for request %s: %s", ex.id, e)
                 row["diagnosis"] = f"diagnose failed: {e}"
 
+    def find(self, response_id: str) -> Exchange | None:
+        """The remembered request whose response carried ``response_id`` (Anthropic's message id,
+        OpenAI's chat completion or response id): what a client's ``previous_message_id`` or
+        ``comparison_response_id`` names. None when unknown or forgotten (older than ``history``).
+
+        Example:
+            >>> t.find("msg_01XFDUDYJgAACzvnptvVoYEL") is None
+            True
+        """
+        with self._lock:
+            return next((e for e in reversed(self._recent) if e.watch.id == response_id), None)
+
     def wait(self, n: int, timeout: float = 60.0) -> list[dict]:
         """Block until ``n`` rows exist (a KvlabError after ``timeout`` s); returns the rows."""
         with self._changed:
@@ -217,10 +229,11 @@ class Tracker:
                                  f"{timeout}s; are they still running upstream?")
         return self.listing()
 
-    def listing(self) -> list[dict]:
-        """A JSON-ready copy of the rows (``diagnosis`` through :func:`jsonable`)."""
+    def listing(self, since: int = 0) -> list[dict]:
+        """A JSON-ready copy of the rows from the ``since``-th on (``diagnosis`` through
+        :func:`jsonable`)."""
         with self._lock:
-            return [{**r, "diagnosis": jsonable(r["diagnosis"])} for r in self.rows]
+            return [{**r, "diagnosis": jsonable(r["diagnosis"])} for r in self.rows[max(0, since):]]
 
     def frame(self):
         """The rows as a polars DataFrame (``diagnosis`` as JSON text)."""
@@ -231,7 +244,7 @@ class Tracker:
         rows = [{**r, "diagnosis": None if r["diagnosis"] is None else json.dumps(r["diagnosis"], default=str)}
                 for r in self.listing()]
         schema = {c: pl.Int64 for c in COLUMNS}
-        schema.update(route=pl.String, model=pl.String, stream=pl.Boolean, status=pl.String,
+        schema.update(response_id=pl.String, route=pl.String, model=pl.String, stream=pl.Boolean, status=pl.String,
                       unit=pl.String, role=pl.String, finish_reason=pl.String, arrival=pl.Float64,
                       ttft_s=pl.Float64, e2e_s=pl.Float64, diagnosis=pl.String, error=pl.String)
         return pl.DataFrame([{c: r.get(c) for c in COLUMNS} for r in rows], schema=schema) if rows else pl.DataFrame(schema=schema)

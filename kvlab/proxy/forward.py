@@ -7,7 +7,7 @@ headers and ``accept-encoding`` are dropped, so the body the proxy reads is neve
 The upstream's status, headers and body come back unchanged; an SSE response (``text/event-stream``)
 is relayed chunk by chunk as it arrives (HTTP/1.1 chunked to the client, one write per chunk read),
 anything else is read whole and sent with its length. ``GET /kvlab/requests`` lists the rows
-(kvlab.proxy.conversation).
+(kvlab.proxy.conversation); ``?since=N`` only those after the first N, for a client that polls.
 
 Bad input: an upstream that cannot be reached answers 502 with a JSON error naming its URL and the
 cause (Anthropic's error shape on /v1/messages, OpenAI's elsewhere); a client that leaves
@@ -24,7 +24,7 @@ import http.client
 import json
 import logging
 from http.server import BaseHTTPRequestHandler
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 log = logging.getLogger("kvlab.proxy")
 POST_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/responses")
@@ -58,7 +58,10 @@ class ProxyHandler(BaseHTTPRequestHandler):
     def do_GET(self):
         route = urlsplit(self.path).path
         if route == "/kvlab/requests":
-            return self._json(200, self.px.requests)
+            since = parse_qs(urlsplit(self.path).query).get("since", ["0"])[0]
+            if not since.isdigit():
+                return self._json(400, _error(route, f"since must be a row count (an integer >= 0), got {since!r}"))
+            return self._json(200, self.px.tracker.listing(int(since)))
         if route in GET_ROUTES:
             return self._relay(route, None, None)
         self._json(404, _error(route, f"unknown route GET {route}; the proxy forwards GET "

@@ -245,6 +245,11 @@ def test_a_three_turn_conversation_extends_turn_by_turn_and_records(start, proxi
     frame = p.requests_frame()
     assert frame["extends"].to_list() == [None, 1, 2] and frame.height == 3
     assert httpx.get(p.url + "/kvlab/requests", timeout=30).json() == json.loads(json.dumps(p.requests))
+    assert [r["id"] for r in httpx.get(p.url + "/kvlab/requests?since=2", timeout=30).json()] == [3]
+    assert httpx.get(p.url + "/kvlab/requests?since=x", timeout=30).status_code == 400
+    # a client's previous_message_id / comparison_response_id names a request by its response's id
+    assert all(r["response_id"].startswith("chatcmpl-") for r in rows)
+    assert p.tracker.find(rows[1]["response_id"]).id == 2 and p.tracker.find("chatcmpl-none") is None
 
     p.stop()
     trace = kv.traces.read(path)
@@ -282,6 +287,7 @@ def test_anthropic_turns_without_a_tokenizer_compare_message_by_message(start, p
     rows = p.wait(3)
     assert all(r["unit"] == "messages" for r in rows)
     assert rows[0]["reused_tokens"] == first["usage"]["cache_read_input_tokens"]
+    assert rows[0]["response_id"] == first["id"] and rows[1]["response_id"] == start_event["message"]["id"]
     assert rows[1]["reused_tokens"] == start_event["message"]["usage"]["cache_read_input_tokens"] > 0
     # turn 2 extends turn 1 whole (system + user); turn 3 changed the system prompt: message 0
     assert (rows[1]["extends"], rows[1]["common_prefix"], rows[1]["diverged_at"]) == (1, 2, None)
