@@ -39,7 +39,9 @@ def run(args) -> int:
     previous = signal.signal(signal.SIGTERM, stop)
     print(f"kvlab proxy: {px.url} -> {px.upstream}"
           f"{' · tokenizer ' + str(args.model) if args.model else ' · no tokenizer (positions in messages)'}"
-          f"{' · recording ' + str(args.record) if args.record else ''} · requests at {px.url}/kvlab/requests"
+          f"{' · recording ' + str(args.record) if args.record else ''}"
+          f"{' (no hash ids without --model)' if args.record and not args.model else ''}"
+          f" · requests at {px.url}/kvlab/requests"
           " · Ctrl-C to stop", flush=True)
     try:
         px.wait_stopped()

@@ -17,6 +17,7 @@ Example:
 from __future__ import annotations
 
 import http.client
+import ipaddress
 import logging
 import os
 import socket
@@ -95,6 +96,9 @@ class Proxy:
             raise KvlabError(f"cannot listen on {self.host}:{self.port}: {e.strerror}; pick another "
                              "--port (0 picks a free one)") from e
         self.port = self._httpd.server_address[1]
+        if not _loopback(self.host):
+            log.warning("kvlab proxy listens on %s: anyone who can reach this address can use %s "
+                        "through it", self.host, self.upstream)
         self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.1},
                                         name=f"kvlab-proxy-{self.port}", daemon=True)
         self._thread.start()
@@ -222,6 +226,13 @@ def _parse_upstream(url: str):
     path = parts.path.rstrip("/")
     path = path[:-3] if path.endswith("/v1") else path
     return f"{parts.scheme}://{parts.netloc}{path}", parts.scheme, parts.netloc, path
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _tokenizer(tok):
