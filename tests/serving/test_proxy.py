@@ -211,7 +211,7 @@ def test_a_three_turn_conversation_extends_turn_by_turn_and_records(start, proxi
                                                                     system_prompt):
     up = start("radix")
     path = tmp_path / "proxy.jsonl"
-    p = proxied(up.url, tokenizer=tiny, record=path)
+    p = proxied(up.url, tokenizer=tiny, record=path, record_text=True)
     msgs = [{"role": "system", "content": system_prompt}]
     usages, prompts = [], []
     for turn, question in enumerate(["What is a prime?", "And a composite?", "Give one of each."]):
@@ -263,6 +263,21 @@ def test_a_three_turn_conversation_extends_turn_by_turn_and_records(start, proxi
     assert recs[1]["kvlab_hash_ids"][: rows[1]["common_prefix"] // 16] == \
         recs[0]["kvlab_hash_ids"][: rows[1]["common_prefix"] // 16]
     assert [r["status"] for r in recs] == ["ok"] * 3 and recs[2]["extends"] == 2
+    assert [r["prompt_ids"] for r in recs] == [list(x) for x in prompts]  # record_text: ids and messages
+    assert recs[2]["messages"] == msgs[:6]
+
+
+def test_anthropic_prompts_with_tools_tokenise_as_the_upstream_counts_them(start, proxied, tiny):
+    up = start("radix")
+    p = proxied(up.url, tokenizer=tiny)
+    tools = [{"name": "get_weather", "description": "The weather in a city.",
+              "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}]
+    body = {"model": "m", "max_tokens": 3, "system": [{"type": "text", "text": "Be brief."}], "tools": tools,
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "Weather in Paris?"}]}]}
+    usage = httpx.post(p.url + "/v1/messages", json=body, timeout=60).json()["usage"]
+    row = p.wait(1)[0]
+    # mutant: tokenising without the tools (the template renders them into the system block)
+    assert row["prompt_tokens"] == row["upstream_prompt_tokens"] == usage["input_tokens"] + usage["cache_read_input_tokens"]
 
 
 def _diagnose(previous, current):
