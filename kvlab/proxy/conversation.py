@@ -87,6 +87,13 @@ class Exchange:
         if self.first is None:
             self.first = time.perf_counter()
 
+    def __repr__(self) -> str:
+        state = self.row["status"] if self.row is not None else "in flight"
+        return f"Exchange({self.id} {self.route}, {state})"
+
+    def _repr_html_(self) -> str:
+        return summary_html(repr(self), code=True)
+
 
 class Tracker:
     """The rows of a proxy (module docstring). ``history``: how many earlier requests a new one

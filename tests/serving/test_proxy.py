@@ -53,6 +53,7 @@ class Script:
 
     def __init__(self):
         self.requests: list[tuple[dict, bytes]] = []
+        self.paths: list[str] = []
         self.go = threading.Event()           # the test read the first event: send the rest
         self.closed = threading.Event()       # the upstream saw the proxy close its connection
         self.sent = 0                         # events sent by the endless stream
@@ -68,6 +69,7 @@ class ScriptedHandler(BaseHTTPRequestHandler):
     def do_POST(self):
         body = self.rfile.read(int(self.headers["Content-Length"]))
         self.script.requests.append((dict(self.headers.items()), body))
+        self.script.paths.append(self.path)
         mode = json.loads(body).get("mode")
         if mode == "echo":
             data = json.dumps({"echo": True}).encode()
@@ -328,6 +330,10 @@ def test_headers_and_body_bytes_reach_the_upstream_unchanged(scripted, proxied):
     assert {k.lower(): v for k, v in headers.items()}.items() <= seen.items()
     assert seen["accept-encoding"] == "identity"  # not the client's gzip: the proxy reads the body
     assert r.status_code == 418 and r.json() == {"echo": True} and r.headers["x-upstream"] == "scripted"
+    for route in ("/v1/messages?beta=true", CHAT, "/v1/completions", "/v1/responses"):
+        assert httpx.post(p.url + route, content=b'{"mode":"echo"}', timeout=30).status_code == 418
+    # mutant: a proxy that drops the query string (Anthropic's SDK sends ?beta=true) or a route
+    assert scripted.paths == ["/v1/messages", "/v1/messages?beta=true", CHAT, "/v1/completions", "/v1/responses"]
 
 
 class BrokenTokenizer:
@@ -488,7 +494,7 @@ def test_prompts_of_each_route_and_the_reprs(tmp_path):
     with kv.proxy(f"http://127.0.0.1:{port}/v1/", record=tmp_path / "r.jsonl") as p:
         assert p.upstream == f"http://127.0.0.1:{port}"  # the routes carry /v1
         assert repr(p).startswith(f"Proxy({p.url} -> {p.upstream} running, 0 requests")
-        for obj in (p, p.tracker, p.recorder, r):
+        for obj in (p, p.tracker, p.recorder, r, p.tracker.open(CHAT, b"{}")):
             assert "<" in obj._repr_html_() and repr(obj)
     assert "stopped" in repr(p)
     with pytest.raises(kv.KvlabError, match="base URL"):
