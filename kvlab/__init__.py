@@ -44,7 +44,7 @@ _LAZY = {
     "quantize": "quantization", "dequantize": "quantization", "quantization_sweep": "quantization",
     "quantized_reuse_error": "quantization",
     "Inspector": "viz.widgets",
-    "serve": "serving.server",
+    "serve": "serving.server", "proxy": "proxying.server",
     "generate_load": "serving.loadgen", "load_test": "serving.loadgen",
 }
 # kv.<name> -> the submodule it names (kept short for notebooks: kv.traces.read(), kv.cost.fit())
@@ -56,7 +56,7 @@ _SUBMODULES = {
     "traces": "experiments.traces", "runner": "experiments.runner", "grid": "experiments.grid",
     "cost": "experiments.cost", "replay": "experiments.replay", "simulator": "sim.simulator",
     "snapshots": "primitives.snapshots", "errors": "errors", "checkpoints": "checkpoints",
-    "diagnostics": "diagnostics",
+    "diagnostics": "diagnostics", "proxying": "proxying",
 }
 
 _ERRORS = {"BlockSizeError", "BoundaryError", "BudgetError", "ImageError", "KvlabError",

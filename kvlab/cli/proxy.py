@@ -1,0 +1,54 @@
+"""`kvlab proxy`: forward OpenAI and Anthropic routes to any compatible server unchanged, record the
+traffic in kvlab's trace format and list per request what it extends and reused (foreground;
+Ctrl-C or SIGTERM stops it after every finished request is recorded).
+
+Example:
+    $ kvlab proxy --upstream http://127.0.0.1:8080 --port 8081 --record runs/agent.jsonl --model smollm2
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+
+
+def register(sub) -> None:
+    s = sub.add_parser("proxy", help="a recording proxy in front of any OpenAI/Anthropic-compatible server")
+    s.add_argument("--upstream", required=True, metavar="URL",
+                   help="the server's base URL, e.g. http://127.0.0.1:8080 (mlx_lm.server, vllm-mlx, kvlab serve)")
+    s.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback only)")
+    s.add_argument("--port", type=int, default=8081, help="port (0: a free one)")
+    s.add_argument("--record", default=None, metavar="PATH", help="append one JSON line per finished request")
+    s.add_argument("--record-text", action="store_true", help="also record token ids and messages")
+    s.add_argument("--model", default=None, metavar="M",
+                   help="tokenizer for token ids and hash ids: a kvlab model name (smollm2, tiny) or an "
+                   "mlx-lm folder; without it prompts are compared message by message")
+    s.add_argument("--timeout", type=float, default=600.0, help="seconds to wait on the upstream")
+    s.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from ..proxying.server import Proxy
+
+    px = Proxy(args.upstream, host=args.host, port=args.port, record=args.record,
+               record_text=args.record_text, tokenizer=args.model, timeout=args.timeout).start()
+
+    def stop(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    print(f"kvlab proxy: {px.url} -> {px.upstream}"
+          f"{' · tokenizer ' + str(args.model) if args.model else ' · no tokenizer (positions in messages)'}"
+          f"{' · recording ' + str(args.record) if args.record else ''}"
+          f"{' (no hash ids without --model)' if args.record and not args.model else ''}"
+          f" · requests at {px.url}/kvlab/requests"
+          " · Ctrl-C to stop", flush=True)
+    try:
+        px.wait_stopped()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        px.stop()
+    print(f"kvlab proxy: stopped after {len(px.requests)} requests", file=sys.stderr, flush=True)
+    return 0

@@ -1,0 +1,243 @@
+"""proxy(): a recording, diagnosing proxy in front of any OpenAI- or Anthropic-compatible server
+(mlx_lm.server, vllm-mlx, LM Studio, kvlab serve), in a background thread (notebooks, tests) or in
+the foreground (``kvlab proxy``).
+
+Requests pass through unchanged (kvlab.proxying.forward); each one becomes a row (kvlab.proxying.
+conversation: which earlier request it extends, where the prompts part, what the upstream
+reported reused) and, with ``record``, a line of kvlab's trace format (kvlab.proxying.recording).
+Binds 127.0.0.1 unless told otherwise; ``port=0`` picks a free port. ``upstream`` is the server's
+base URL (a trailing ``/v1`` is dropped: the routes carry it).
+
+Example:
+    >>> with kv.serve("tiny", "radix") as upstream, kv.proxy(upstream.url, tokenizer="tiny") as p:
+    ...     openai.OpenAI(base_url=p.url + "/v1", api_key="none").chat.completions.create(...)
+    ...     p.requests_frame()
+"""
+
+from __future__ import annotations
+
+import http.client
+import ipaddress
+import logging
+import os
+import socket
+import threading
+from http.server import ThreadingHTTPServer
+from urllib.parse import urlsplit
+
+from ..errors import KvlabError
+from ..primitives.display import summary_html, table_html
+from .conversation import RAN, Tracker, jsonable
+from .forward import bind_handler
+from .recording import ProxyRecorder
+
+log = logging.getLogger("kvlab.proxy")
+
+
+class _HTTPServer(ThreadingHTTPServer):
+    daemon_threads = False  # handler threads are joined by server_close: a clean stop
+    request_queue_size = 128
+    block_on_close = True
+
+    def handle_error(self, request, client_address):
+        log.debug("kvlab proxy: connection from %s ended with an error", client_address, exc_info=True)
+
+
+class _Keep:
+    # http.client drops ``sock`` once a close-delimited response owns it: keep it, so stop() can cut it
+    raw = None
+
+    def connect(self):
+        super().connect()
+        self.raw = self.sock
+
+
+class _HTTP(_Keep, http.client.HTTPConnection):
+    pass
+
+
+class _HTTPS(_Keep, http.client.HTTPSConnection):
+    pass
+
+
+class Proxy:
+    """A running (or ready) proxy: ``url``, ``upstream``, ``requests`` (rows), ``requests_frame()``
+    (polars), ``wait(n)``, ``tracker``, ``recorder``; ``stop()`` or use it as a context manager.
+    ``tokenizer``: a kvlab model name or folder (loaded with ``kv.load``), a loaded model or a
+    tokenizer, for token ids; ``diagnose(previous, current)``: the structural-diagnosis hook (see
+    kvlab.proxying.conversation). Made by :func:`proxy`."""
+
+    def __init__(self, upstream: str, *, host: str = "127.0.0.1", port: int = 0, record=None,
+                 record_text: bool = False, tokenizer=None, diagnose=None, timeout: float = 600.0,
+                 block_size: int = 16, min_common: int = 1, history: int = 128):
+        self.upstream, self._scheme, self._netloc, self.base_path = _parse_upstream(upstream)
+        self.host, self.port, self.timeout = host, int(port), float(timeout)
+        self.tokenizer = _tokenizer(tokenizer)
+        self.tracker = Tracker(self.tokenizer, diagnose=diagnose, min_common=min_common, history=history)
+        self.recorder = (ProxyRecorder(record, record_text=record_text, block_size=block_size)
+                         if record else None)
+        self._lock = threading.Lock()
+        self._clients: set = set()
+        self._upstreams: set = set()
+        self._httpd = self._thread = None
+        self._stopped = threading.Event()
+
+    # -- running ----------------------------------------------------------------------------------
+    def start(self) -> "Proxy":
+        """Listen and serve in a background thread; returns self once the port is bound."""
+        if self._httpd is not None:
+            return self
+        try:
+            family = socket.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM,
+                                        flags=socket.AI_PASSIVE)[0][0]
+            cls = type("KvlabProxyHTTPServer", (_HTTPServer,), {"address_family": family})
+            self._httpd = cls((self.host, self.port), bind_handler(self))
+        except OSError as e:
+            raise KvlabError(f"cannot listen on {self.host}:{self.port}: {e.strerror}; pick another "
+                             "--port (0 picks a free one)") from e
+        self.port = self._httpd.server_address[1]
+        if not _loopback(self.host):
+            log.warning("kvlab proxy listens on %s: anyone who can reach this address can use %s "
+                        "through it", self.host, self.upstream)
+        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.1},
+                                        name=f"kvlab-proxy-{self.port}", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop accepting, close client and upstream connections, join every thread, free the port
+        and close the recording (every finished request is already in it). Idempotent."""
+        if self._httpd is None or self._stopped.is_set():
+            return
+        self._stopped.set()
+        self._httpd.shutdown()
+        with self._lock:
+            socks = list(self._clients) + [c.raw for c in self._upstreams if c.raw is not None]
+        for s in socks:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        self._httpd.server_close()  # joins the handler threads
+        self._thread.join()
+        if self.recorder is not None:
+            self.recorder.close()
+
+    def wait_stopped(self) -> None:
+        """Block until :meth:`stop` is called (the CLI's foreground mode)."""
+        self._stopped.wait()
+
+    def __enter__(self) -> "Proxy":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # -- what the handler calls -------------------------------------------------------------------
+    def track(self, sock, alive: bool) -> None:
+        with self._lock:
+            (self._clients.add if alive else self._clients.discard)(sock)
+
+    def connect(self) -> http.client.HTTPConnection:
+        """A new connection to the upstream (closed by :meth:`release`; :meth:`stop` cuts it)."""
+        conn = (_HTTPS if self._scheme == "https" else _HTTP)(self._netloc, timeout=self.timeout)
+        with self._lock:
+            self._upstreams.add(conn)
+        return conn
+
+    def release(self, conn) -> None:
+        conn.close()
+        with self._lock:
+            self._upstreams.discard(conn)
+
+    def finish(self, ex, **kw) -> dict:
+        """Make ``ex``'s row and, for a request the upstream ran, record it."""
+        row = self.tracker.close(ex, **kw)
+        if self.recorder is not None and row["status"] in RAN:
+            ids = self.tracker.ids(ex) if self.tokenizer is not None else None
+            rec = {**row, "upstream": self.upstream, "prompt_ids": None if ids is None else list(ids),
+                   "messages": list(ex.prompt.messages) if ex.prompt.messages is not None else None}
+            rec["diagnosis"] = jsonable(row["diagnosis"])
+            try:
+                self.recorder.write(rec)
+            except Exception as e:  # noqa: BLE001  a full disk must not stop forwarding; say so loudly
+                log.error("kvlab proxy: could not record request %s: %s", ex.id, e)
+        return row
+
+    # -- reading ----------------------------------------------------------------------------------
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    @property
+    def running(self) -> bool:
+        return self._httpd is not None and not self._stopped.is_set()
+
+    @property
+    def requests(self) -> list[dict]:
+        """One row per finished request, in the order they finished (``GET /kvlab/requests``)."""
+        return self.tracker.listing()
+
+    def requests_frame(self):
+        """The rows as a polars DataFrame (columns: kvlab.proxying.conversation.COLUMNS).
+
+        Example:
+            >>> p.requests_frame().select("id", "extends", "diverged_at", "reused_tokens")
+        """
+        return self.tracker.frame()
+
+    def wait(self, n: int, timeout: float = 60.0) -> list[dict]:
+        """Block until ``n`` requests have rows (KvlabError after ``timeout`` s)."""
+        return self.tracker.wait(n, timeout)
+
+    def __repr__(self) -> str:
+        state = "running" if self.running else "stopped" if self._stopped.is_set() else "ready"
+        return f"Proxy({self.url} -> {self.upstream} {state}, {len(self.tracker.rows)} requests)"
+
+    def _repr_html_(self) -> str:
+        rows = self.tracker.rows
+        reused = sum(r["reused_tokens"] or 0 for r in rows)
+        prompt = sum(r["upstream_prompt_tokens"] or 0 for r in rows)
+        facts = [("url", self.url), ("upstream", self.upstream), ("requests", len(rows)),
+                 ("reported reused", f"{reused} of {prompt} prompt tokens"),
+                 ("recording", str(self.recorder.path) if self.recorder else "off")]
+        return summary_html("kvlab Proxy", body=table_html(None, facts) + self.tracker._repr_html_())
+
+
+def proxy(upstream: str, port: int = 0, record=None, tokenizer=None, **kwargs) -> Proxy:
+    """A started :class:`Proxy` in front of ``upstream`` on loopback; use it as a context manager
+    so it stops. Keywords: ``host``, ``record_text``, ``diagnose``, ``timeout`` (seconds to wait
+    on the upstream), ``block_size`` (recorded kvlab hash ids), ``min_common``, ``history``.
+
+    Example:
+        >>> with kv.proxy("http://127.0.0.1:8080", tokenizer="smollm2") as p:
+        ...     p.url
+        'http://127.0.0.1:...'
+    """
+    return Proxy(upstream, port=port, record=record, tokenizer=tokenizer, **kwargs).start()
+
+
+def _parse_upstream(url: str):
+    parts = urlsplit(str(url))
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise KvlabError(f"--upstream must be a server's base URL such as http://127.0.0.1:8080, "
+                         f"got {url!r}")
+    path = parts.path.rstrip("/")
+    path = path[:-3] if path.endswith("/v1") else path
+    return f"{parts.scheme}://{parts.netloc}{path}", parts.scheme, parts.netloc, path
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _tokenizer(tok):
+    if tok is None or not isinstance(tok, (str, os.PathLike)):
+        return tok
+    from ..models.loading import load
+
+    return load(os.fspath(tok))
