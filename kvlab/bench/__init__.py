@@ -23,7 +23,7 @@ from dataclasses import replace
 
 from .. import _blas
 from ..errors import KvlabError
-from . import (blas, exp, hashing, memory, policies, quantization, served_checkpoints, serving, simulator,
+from . import (blas, exp, hashing, memory, policies, proxy, quantization, served_checkpoints, serving, simulator,
                snapshot, tiers, ttft)
 from .families import checkpoint_policies, conformance
 from .families_cache import hybrid_ttft, sliding_bytes
@@ -45,6 +45,7 @@ REGISTRY = {
     "policies": policies,
     "serving": serving,
     "served_checkpoints": served_checkpoints,
+    "proxy": proxy,
     "tiers": tiers,
     "conformance": conformance,
     "checkpoint_policies": checkpoint_policies,

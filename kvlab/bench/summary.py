@@ -180,6 +180,13 @@ def _sliding_bytes(v: dict) -> tuple[bool, str]:
                       for n, r in runs.items()) + f" of the bound{also} ({v['model']})")
 
 
+def _proxy(v: dict) -> tuple[bool, str]:
+    added, direct = v["added_ms"], v["direct_ms"]
+    return (added["median"] <= 5.0,
+            f"{added['median']:+.1f} ms TTFT p50 (pstdev {added['pstdev']:.1f}) over mlx_lm.server's "
+            f"{direct['median']:.0f} ms, {v['requests']} requests x {v['repeats']} ({v['model']})")
+
+
 TARGETS = (
     Target("OpenBLAS path on Linux CPU: >= 10x the bundled reference BLAS on float32 matmul and on "
            "prefill", "blas", _blas),
@@ -199,6 +206,7 @@ TARGETS = (
     Target("kvlab serve's adapter overhead: `kvlab serve mlx-lru` within 5% of plain mlx_lm.server's "
            "throughput, TTFT p50 no higher (<= its median + pstdev) at equal hit rate", "serving", _adapter),
     Target("prefill cost model's error on held-out points <= 15% (MAPE)", "tiers", _cost_model),
+    Target("kvlab proxy adds <= 5 ms to TTFT p50 in front of mlx_lm.server", "proxy", _proxy),
     Target("every cache family x store cell reuses exactly (refusals listed with reasons)", "conformance",
            _conformance),
     Target("cost_aware checkpoints within 10% of optimal's reused tokens at equal bytes on agentic_loop and "

@@ -264,6 +264,25 @@ def start_kvlab_serve(model="tiny", store: str = "radix", *, budget=None, port: 
     return _launch("kvlab serve", store, Path(name), port, cmd, env, None, timeout)
 
 
+def start_kvlab_proxy(upstream: str, *, tokenizer=None, port: int | None = None,
+                      timeout: float = 120.0) -> PeerServer:
+    """Start ``kvlab proxy --upstream URL`` as a child process (``tokenizer``: a kvlab model name
+    or folder, for token-level rows); ready once the upstream answers ``/health`` through it.
+
+    Example:
+        >>> with start_mlx_lm(m) as up, start_kvlab_proxy(up.url, tokenizer="smollm2") as px: ...
+    """
+    port = port or free_port()
+    args = ["proxy", "--upstream", upstream, "--host", "127.0.0.1", "--port", str(port)]
+    if tokenizer is not None:
+        args += ["--model", str(tokenizer)]
+    env = os.environ.copy()
+    root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+    cmd = [sys.executable, "-m", "kvlab.cli", *args]
+    return _launch("kvlab proxy", upstream, Path(root), port, cmd, env, None, timeout)
+
+
 def live() -> list[PeerServer]:
     """The peer servers this process started and has not stopped yet."""
     return list(_LIVE.values())

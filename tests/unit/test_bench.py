@@ -28,12 +28,12 @@ def test_table_markdown_and_html():
 
 def test_registry_order_and_sections():
     assert bench.SECTIONS == ("blas", "ttft", "snapshot", "memory", "hashing", "simulator", "exp", "quantization",
-                              "policies", "serving", "served_checkpoints", "tiers", "conformance",
+                              "policies", "serving", "served_checkpoints", "proxy", "tiers", "conformance",
                               "checkpoint_policies", "hybrid_ttft", "sliding_bytes")
     for name, section in bench.REGISTRY.items():
         assert isinstance(section.NEEDS_MODEL, bool) and callable(section.table), name
     assert [n for n, s in bench.REGISTRY.items() if s.NEEDS_MODEL] == ["ttft", "snapshot", "memory", "quantization",
-                                                                      "serving", "tiers"]
+                                                                      "serving", "proxy", "tiers"]
 
 
 def test_a_new_section_is_one_registry_entry(monkeypatch, capsys):
@@ -314,6 +314,19 @@ def test_family_targets_are_judged_from_the_values():
     assert summary_row([fake("sliding_bytes", runs=runs, model="m")], "a sliding-window")[1:] == (
         "one prompt 1.000x reusing 0 tokens, branching 1.000x reusing 1600 tokens of the bound; with "
         "keep_superseded_windows=True 1.200x reusing 2464 tokens (m)", "met")
+
+
+def test_proxy_target_reads_the_added_ttft():
+    # mutants: judging the proxied TTFT itself (48 ms > 5) instead of the difference; a strict
+    # "< 5" failing an added 5.0 ms
+    def proxy(added):
+        return fake("proxy", added_ms=spread_of(added, 0.2), direct_ms=spread_of(45.5), proxy_ms=spread_of(48.0),
+                    requests=24, repeats=3, model="m")
+
+    assert summary_row([proxy(2.5)], "kvlab proxy adds")[1:] == (
+        "+2.5 ms TTFT p50 (pstdev 0.2) over mlx_lm.server's 46 ms, 24 requests x 3 (m)", "met")
+    assert summary_row([proxy(5.0)], "kvlab proxy adds")[2] == "met"
+    assert summary_row([proxy(5.1)], "kvlab proxy adds")[2] == "not met"
 
 
 def test_dense_bound_counts_window_layers_once_per_chain():
