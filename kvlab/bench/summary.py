@@ -183,8 +183,8 @@ def _sliding_bytes(v: dict) -> tuple[bool, str]:
 def _proxy(v: dict) -> tuple[bool, str]:
     added, direct = v["added_ms"], v["direct_ms"]
     return (added["median"] <= 5.0,
-            f"{added['median']:+.1f} ms TTFT p50 (pstdev {added['pstdev']:.1f}) over mlx_lm.server's "
-            f"{direct['median']:.0f} ms, {v['requests']} requests x {v['repeats']} ({v['model']})")
+            f"{added['median']:+.2f} ms TTFT (pstdev {added['pstdev']:.2f}) over mlx_lm.server's "
+            f"{direct['median']:.1f} ms, {v['requests']} request pairs x {v['repeats']} ({v['model']} upstream)")
 
 
 TARGETS = (

@@ -33,7 +33,7 @@ def test_registry_order_and_sections():
     for name, section in bench.REGISTRY.items():
         assert isinstance(section.NEEDS_MODEL, bool) and callable(section.table), name
     assert [n for n, s in bench.REGISTRY.items() if s.NEEDS_MODEL] == ["ttft", "snapshot", "memory", "quantization",
-                                                                      "serving", "proxy", "tiers"]
+                                                                      "serving", "tiers"]
 
 
 def test_a_new_section_is_one_registry_entry(monkeypatch, capsys):
@@ -324,7 +324,7 @@ def test_proxy_target_reads_the_added_ttft():
                     requests=24, repeats=3, model="m")
 
     assert summary_row([proxy(2.5)], "kvlab proxy adds")[1:] == (
-        "+2.5 ms TTFT p50 (pstdev 0.2) over mlx_lm.server's 46 ms, 24 requests x 3 (m)", "met")
+        "+2.50 ms TTFT (pstdev 0.20) over mlx_lm.server's 45.5 ms, 24 request pairs x 3 (m upstream)", "met")
     assert summary_row([proxy(5.0)], "kvlab proxy adds")[2] == "met"
     assert summary_row([proxy(5.1)], "kvlab proxy adds")[2] == "not met"
 
