@@ -25,8 +25,10 @@ import threading
 from http.server import ThreadingHTTPServer
 from urllib.parse import urlsplit
 
+from ..diagnostics import FingerprintLog
 from ..errors import KvlabError
 from ..primitives.display import summary_html, table_html
+from . import diagnosing
 from .conversation import RAN, Tracker, jsonable
 from .forward import bind_handler
 from .recording import ProxyRecorder
@@ -73,7 +75,9 @@ class Proxy:
         self.upstream, self._scheme, self._netloc, self.base_path = _parse_upstream(upstream)
         self.host, self.port, self.timeout = host, int(port), float(timeout)
         self.tokenizer = _tokenizer(tokenizer)
-        self.tracker = Tracker(self.tokenizer, diagnose=diagnose, min_common=min_common, history=history)
+        self.tracker = Tracker(self.tokenizer, diagnose=diagnose or diagnosing.structural, min_common=min_common,
+                               history=history)
+        self.fingerprints = FingerprintLog(max_entries=history)  # responses a client may compare with
         self.recorder = (ProxyRecorder(record, record_text=record_text, block_size=block_size)
                          if record else None)
         self._lock = threading.Lock()
@@ -153,6 +157,8 @@ class Proxy:
     def finish(self, ex, **kw) -> dict:
         """Make ``ex``'s row and, for a request the upstream ran, record it."""
         row = self.tracker.close(ex, **kw)
+        if row["status"] in RAN:
+            diagnosing.remember(self.fingerprints, self.tracker, ex, row["response_id"])
         if self.recorder is not None and row["status"] in RAN:
             ids = self.tracker.ids(ex) if self.tokenizer is not None else None
             rec = {**row, "upstream": self.upstream, "prompt_ids": None if ids is None else list(ids),
