@@ -32,6 +32,7 @@ from . import diagnosing
 from .conversation import RAN, Tracker, jsonable
 from .forward import bind_handler
 from .recording import ProxyRecorder
+from .view import LiveView
 
 log = logging.getLogger("kvlab.proxy")
 
@@ -78,6 +79,8 @@ class Proxy:
         self.tracker = Tracker(self.tokenizer, diagnose=diagnose or diagnosing.structural, min_common=min_common,
                                history=history)
         self.fingerprints = FingerprintLog(max_entries=history)  # responses a client may compare with
+        self.view = LiveView()  # what kv.Inspector reads
+        self.store = None  # the proxy holds no cache: the upstream does
         self.recorder = (ProxyRecorder(record, record_text=record_text, block_size=block_size)
                          if record else None)
         self._lock = threading.Lock()
@@ -159,6 +162,7 @@ class Proxy:
         row = self.tracker.close(ex, **kw)
         if row["status"] in RAN:
             diagnosing.remember(self.fingerprints, self.tracker, ex, row["response_id"])
+            self.view.add(self, row, self.tracker.ids(ex) if self.tokenizer is not None else None)
         if self.recorder is not None and row["status"] in RAN:
             ids = self.tracker.ids(ex) if self.tokenizer is not None else None
             rec = {**row, "upstream": self.upstream, "prompt_ids": None if ids is None else list(ids),
@@ -192,6 +196,27 @@ class Proxy:
             >>> p.requests_frame().select("id", "extends", "diverged_at", "reused_tokens")
         """
         return self.tracker.frame()
+
+    # -- what kv.Inspector reads (kvlab.proxying.view) ----------------------------------------------
+    @property
+    def results(self) -> list:
+        """One ``kv.Result`` per request the upstream ran (reused: what it reported)."""
+        return list(self.view.results)
+
+    @property
+    def events(self):
+        return self.view.events
+
+    def stats(self) -> dict:
+        return {**self.view.stats(), "url": self.url, "upstream": self.upstream}
+
+    def on_result(self, callback) -> None:
+        """Call ``callback(proxy, result)`` after every finished request, on a listener thread."""
+        self.view.on_result(callback)
+
+    @property
+    def model(self):
+        return self.tokenizer
 
     def wait(self, n: int, timeout: float = 60.0) -> list[dict]:
         """Block until ``n`` requests have rows (KvlabError after ``timeout`` s)."""

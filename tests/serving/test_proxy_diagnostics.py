@@ -115,3 +115,30 @@ def test_malformed_diagnostics_are_refused_before_forwarding(proxy_on_tiny):
                                        "prompt_cache_options": "resp_1"}, timeout=60)
     assert r.status_code == 400 and "prompt_cache_options" in r.json()["error"]["message"]
     assert p.requests == []
+
+
+def test_inspector_follows_the_proxy_live(proxy_on_tiny):
+    # mutants: results not built from rows (the Inspector shows 0 requests); reused taken from the
+    # proxy's own prefix comparison instead of what the upstream reported; listeners never called
+    # (the Inspector stays at 1 request)
+    import threading
+
+    pytest.importorskip("ipywidgets")
+    p = proxy_on_tiny
+    http = httpx.Client(base_url=p.url, timeout=60)
+    body = {"model": "tiny", "max_tokens": 4, "temperature": 0,
+            "messages": [{"role": "user", "content": "Name two rivers, please."}]}
+    first = http.post(CHAT, json=body).json()
+    p.wait(1)
+    ins = kv.Inspector(p)
+    assert ins.state()["requests"] == 1
+    seen = threading.Event()
+    p.on_result(lambda source, result: seen.set())  # called after the Inspector's own listener
+    second = http.post(CHAT, json=body).json()
+    assert seen.wait(30)
+    state = ins.state()
+    assert state["requests"] == 2
+    reported = [r["usage"].get("prompt_tokens_details", {}).get("cached_tokens", 0) for r in (first, second)]
+    assert [r.reused_tokens for r in p.results] == reported and reported[1] > 0
+    assert state["live"]["reused_tokens"] == sum(reported)
+    assert p.results[1].prompt_ids[:5] == p.results[0].prompt_ids[:5] and p.results[1].prompt_tokens > 0
