@@ -282,6 +282,7 @@ def test_tool_items_reach_the_prompt(start, client, tiny):
     assert resp.status in ("completed", "incomplete") and resp.output[0].type in ("message", "function_call")
     rendered = tiny.tokenizer.decode(list(server.results[0].prompt_ids))
     # mutant caught: tools, the call or its output dropped on the way to the chat template
+    assert "Weather in a city." in rendered  # the tool definition (the call alone names the function)
     assert "get_weather" in rendered and "Paris" in rendered and "sunny, 21C" in rendered
     assert rendered.index('"city"') < rendered.index("sunny, 21C")
 
