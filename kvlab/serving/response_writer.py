@@ -9,7 +9,8 @@ prompt cache served), or, streaming, the SSE events ``response.created``,
 ``response.content_part.added``, ``response.output_text.delta`` (one per chunk),
 ``response.output_text.done``, ``response.content_part.done``, ``response.output_item.done``
 (function calls: ``response.function_call_arguments.delta`` / ``.done`` instead of the part
-events), and last ``response.completed`` (``response.incomplete`` when ``max_output_tokens`` cut
+events; a thinking model's reasoning: a ``reasoning`` item with ``reasoning_text`` and
+``response.reasoning_text.delta`` / ``.done``, its tokens not counted apart), and last ``response.completed`` (``response.incomplete`` when ``max_output_tokens`` cut
 the answer, as OpenAI does; ``response.failed`` when generation failed after the headers). Every
 event has ``type`` and ``sequence_number``; names and nesting follow the openai library's types.
 
@@ -32,6 +33,8 @@ import uuid
 
 from ..primitives.display import summary_html
 from .responses import error_body
+
+ITEMS = {"text": "message", "reasoning": "reasoning"}  # the output item a kind of text goes into
 
 
 class ResponsesWriter:
@@ -92,6 +95,8 @@ class ResponsesWriter:
             self.output_tokens = int(chunk["usage"].get("completion_tokens", 0))
         for choice in chunk.get("choices", []):
             delta = choice.get("delta") or {}
+            if delta.get("reasoning"):
+                self._delta(delta["reasoning"], "reasoning")
             if delta.get("content"):
                 self._delta(delta["content"])
             for call in delta.get("tool_calls") or []:
@@ -145,26 +150,30 @@ class ResponsesWriter:
         self._close_text()
         self.output.append(item)
         if self.stream:
-            self._send("response.output_item.added", output_index=len(self.output) - 1, item=dict(item, content=[])
-                       if item["type"] == "message" else item)
+            self._send("response.output_item.added", output_index=len(self.output) - 1,
+                       item=dict(item, content=[]) if item["type"] != "function_call" else item)
         return len(self.output) - 1
 
-    def _open_text(self) -> None:
-        item = {"id": f"msg_{uuid.uuid4().hex}", "type": "message", "role": "assistant",
-                "status": "in_progress", "content": [{"type": "output_text", "text": "", "annotations": []}]}
+    def _open_part(self, kind: str) -> None:
+        if kind == "text":
+            part = {"type": "output_text", "text": "", "annotations": []}
+            item = {"id": f"msg_{uuid.uuid4().hex}", "type": "message", "role": "assistant", "status": "in_progress"}
+        else:
+            part = {"type": "reasoning_text", "text": ""}
+            item = {"id": f"rs_{uuid.uuid4().hex}", "type": "reasoning", "summary": [], "status": "in_progress"}
         i = self._add(item)
-        self.text = item
+        self.text, item["content"] = item, [part]
         if self.stream:
-            self._send("response.content_part.added", item_id=self.text["id"], output_index=i,
-                       content_index=0, part={"type": "output_text", "text": "", "annotations": []})
+            self._send("response.content_part.added", item_id=item["id"], output_index=i, content_index=0, part=part)
 
-    def _delta(self, text: str) -> None:
-        if self.text is None:
-            self._open_text()
+    def _delta(self, text: str, kind: str = "text") -> None:
+        if self.text is None or self.text["type"] != ITEMS[kind]:
+            self._open_part(kind)
         self.text["content"][0]["text"] += text
         if self.stream:
-            self._send("response.output_text.delta", item_id=self.text["id"], output_index=len(self.output) - 1,
-                       content_index=0, delta=text, logprobs=[])
+            extra = {"logprobs": []} if kind == "text" else {}
+            self._send("response.reasoning_text.delta" if kind == "reasoning" else "response.output_text.delta",
+                       item_id=self.text["id"], output_index=len(self.output) - 1, content_index=0, delta=text, **extra)
 
     def _close_text(self) -> None:
         item, self.text = self.text, None
@@ -173,8 +182,9 @@ class ResponsesWriter:
         item["status"] = "incomplete" if self.finished and self.finish_reason == "length" else "completed"
         if self.stream:
             i, part = self.output.index(item), item["content"][0]
-            self._send("response.output_text.done", item_id=item["id"], output_index=i, content_index=0,
-                       text=part["text"], logprobs=[])
+            done, extra = ("response.output_text.done", {"logprobs": []}) if item["type"] == "message" else \
+                ("response.reasoning_text.done", {})
+            self._send(done, item_id=item["id"], output_index=i, content_index=0, text=part["text"], **extra)
             self._send("response.content_part.done", item_id=item["id"], output_index=i, content_index=0, part=part)
             self._send("response.output_item.done", output_index=i, item=item)
 
@@ -194,7 +204,7 @@ class ResponsesWriter:
     def _finish(self) -> None:
         self._start()
         if not self.output:
-            self._open_text()  # an empty answer is still one message, as OpenAI returns it
+            self._open_part("text")  # an empty answer is still one message, as OpenAI returns it
         self.finished = True
         self._close_text()
         if self.stream:

@@ -170,6 +170,25 @@ def test_writer_streams_openai_events_with_diagnostics():
                               "output_tokens": 3, "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": 13}
 
 
+def test_writer_puts_reasoning_in_a_reasoning_item():
+    from openai.types.responses import ResponseStreamEvent
+    from pydantic import TypeAdapter
+
+    chunks = [_chunk({"reasoning": "Think"}), _chunk({"reasoning": "ing."}), _chunk({"content": "Yes."}, finish="stop"),
+              _chunk(usage=USAGE)]
+    h, _ = _run(chunks, {"input": "Hi", "stream": True})
+    events = _events(h.kv_real_wfile.getvalue())
+    for e in events:
+        TypeAdapter(ResponseStreamEvent).validate_python(e)
+    # mutant caught: reasoning dropped, or mixed into the answer's output_text
+    assert [e["type"] for e in events][2:-1] == [
+        *TEXT_EVENTS, "response.reasoning_text.delta", "response.reasoning_text.delta", "response.reasoning_text.done",
+        "response.content_part.done", "response.output_item.done", *TEXT_EVENTS, "response.output_text.delta", *TEXT_DONE]
+    reasoning, message = events[-1]["response"]["output"]
+    assert reasoning["type"] == "reasoning" and reasoning["content"] == [{"type": "reasoning_text", "text": "Thinking."}]
+    assert message["content"][0]["text"] == "Yes."
+
+
 def test_writer_json_and_function_call_round_trip():
     from openai.types.responses import Response
 
