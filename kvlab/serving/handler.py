@@ -4,7 +4,8 @@ mlx-lm's routes (``/v1/chat/completions``, ``/chat/completions``, ``/v1/completi
 ``/v1/models``, ``/health``) run its own code. Added: an API key checked before every route
 (``Authorization: Bearer KEY`` or ``x-api-key: KEY``; 401 with a JSON error otherwise),
 ``GET /kvlab/stats``, ``GET /kvlab/events?since=N``, ``POST /v1/messages`` (Anthropic, see
-kvlab.serving.anthropic), ``POST /v1/responses`` (OpenAI Responses, kvlab.serving.responses), JSON 404s for unknown routes, a 400 for an empty or malformed message
+kvlab.serving.anthropic), ``POST /v1/responses`` (OpenAI Responses, kvlab.serving.responses),
+JSON 404s for unknown routes, a 400 for an empty or malformed message
 list, kvlab's normalisation of messages (``--normalise``) and a 400 instead of mlx-lm's 404 when a
 request is refused for what it asks (a prompt over the context). A request body is read once
 here, checked, possibly rewritten, and handed to mlx-lm's ``do_POST`` as if it came off the wire.

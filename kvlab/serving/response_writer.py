@@ -10,8 +10,9 @@ prompt cache served), or, streaming, the SSE events ``response.created``,
 ``response.output_text.done``, ``response.content_part.done``, ``response.output_item.done``
 (function calls: ``response.function_call_arguments.delta`` / ``.done`` instead of the part
 events; a thinking model's reasoning: a ``reasoning`` item with ``reasoning_text`` and
-``response.reasoning_text.delta`` / ``.done``, its tokens not counted apart), and last ``response.completed`` (``response.incomplete`` when ``max_output_tokens`` cut
-the answer, as OpenAI does; ``response.failed`` when generation failed after the headers). Every
+``response.reasoning_text.delta`` / ``.done``, its tokens not counted apart), and last
+``response.completed`` (``response.incomplete`` when ``max_output_tokens`` cut the answer, as
+OpenAI does; ``response.failed`` when generation failed after the headers). Every
 event has ``type`` and ``sequence_number``; names and nesting follow the openai library's types.
 
 Cache diagnostics hook: ``ResponsesWriter(handler, body, diagnostics=f)``, ``f()`` -> a

@@ -6,7 +6,9 @@ assistant / system / developer with input_text / output_text parts, ``function_c
 (joining the assistant message before them, as one turn's output does), ``function_call_output``
 items) -> chat messages; function ``tools`` -> chat functions; ``max_output_tokens`` ->
 ``max_tokens``. What kvlab serve cannot honour is a 400 naming the field (``previous_response_id``,
-``store: true``, built-in tools, non-text parts, ...). A ``ResponsesWriter`` stands in for the
+``store: true``, built-in tools, non-text parts, ...); fields that only tune OpenAI's service
+(``include``, ``reasoning``, ``prompt_cache_key``, ``truncation``, ``metadata``, ...) are accepted
+and ignored. A ``ResponsesWriter`` stands in for the
 handler's output (kvlab.serving.response_writer) and answers in OpenAI's shape; the chat request
 always streams with usage, so the writer sees every chunk and the prompt cache's count.
 
@@ -90,7 +92,8 @@ def _items(items) -> list[dict]:
                                      f"{where}.arguments") from None
             if not isinstance(it.get("name"), str) or not isinstance(it.get("call_id"), str):
                 raise ResponsesError(f"{where} needs string 'name' and 'call_id'", where)
-            call = {"id": it["call_id"], "type": "function", "function": {"name": it["name"], "arguments": args or "{}"}}
+            call = {"id": it["call_id"], "type": "function",
+                    "function": {"name": it["name"], "arguments": args or "{}"}}
             if out and out[-1]["role"] == "assistant":  # one turn: its text, then its calls
                 out[-1].setdefault("tool_calls", []).append(call)
             else:

@@ -36,8 +36,9 @@ def test_to_chat_translates_items_and_tools():
             {"type": "function_call_output", "call_id": "call_2",
              "output": [{"type": "input_text", "text": "rain"}]},
         ]})
-    calls = [{"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}},
-             {"id": "call_2", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Nice"}'}}]
+    calls = [{"id": f"call_{i}", "type": "function",
+              "function": {"name": "get_weather", "arguments": json.dumps({"city": city})}}
+             for i, city in ((1, "Paris"), (2, "Nice"))]
     # mutant caught: developer passed on as its own role / function calls as separate assistant
     # turns / reasoning kept / parts joined with a separator
     assert chat["messages"] == [
@@ -183,9 +184,11 @@ def test_writer_puts_reasoning_in_a_reasoning_item():
     # mutant caught: reasoning dropped, or mixed into the answer's output_text
     assert [e["type"] for e in events][2:-1] == [
         *TEXT_EVENTS, "response.reasoning_text.delta", "response.reasoning_text.delta", "response.reasoning_text.done",
-        "response.content_part.done", "response.output_item.done", *TEXT_EVENTS, "response.output_text.delta", *TEXT_DONE]
+        "response.content_part.done", "response.output_item.done",
+        *TEXT_EVENTS, "response.output_text.delta", *TEXT_DONE]
     reasoning, message = events[-1]["response"]["output"]
-    assert reasoning["type"] == "reasoning" and reasoning["content"] == [{"type": "reasoning_text", "text": "Thinking."}]
+    assert reasoning["type"] == "reasoning"
+    assert reasoning["content"] == [{"type": "reasoning_text", "text": "Thinking."}]
     assert message["content"][0]["text"] == "Yes."
 
 
