@@ -186,7 +186,11 @@ def test_writer_puts_reasoning_in_a_reasoning_item():
         *TEXT_EVENTS, "response.reasoning_text.delta", "response.reasoning_text.delta", "response.reasoning_text.done",
         "response.content_part.done", "response.output_item.done",
         *TEXT_EVENTS, "response.output_text.delta", *TEXT_DONE]
-    reasoning, message = events[-1]["response"]["output"]
+    output = events[-1]["response"]["output"]
+    # mutant caught: an event addressed to the wrong output_index
+    assert all(e["output_index"] == [o["id"] for o in output].index(e.get("item_id") or e["item"]["id"])
+               for e in events if "output_index" in e)
+    reasoning, message = output
     assert reasoning["type"] == "reasoning"
     assert reasoning["content"] == [{"type": "reasoning_text", "text": "Thinking."}]
     assert message["content"][0]["text"] == "Yes."
@@ -327,3 +331,19 @@ def test_bad_input_is_a_400_in_openai_shape(start, client):
     r = httpx.post(server.url + "/v1/responses", json=["not", "an", "object"], timeout=30)
     assert r.status_code == 400 and "JSON object" in r.json()["error"]["message"]
     assert server.results == [] and server.stats()["failed"] == 0  # refused before generation
+
+
+@pytest.mark.serving
+@pytest.mark.model
+def test_sdk_stream_helper_and_api_key(start, client):
+    server = start("radix", api_key="s3cret")
+    r = httpx.post(server.url + "/v1/responses", json={"model": "gpt-5", "input": "x"}, timeout=30)
+    assert r.status_code == 401 and "API key" in r.json()["error"]["message"]
+    # the SDK's stream helper rebuilds the response from the events, each delta into the item at
+    # its output_index (mutant caught: deltas addressed to the wrong item)
+    with client(server, "s3cret").responses.stream(model="gpt-5", input=PROMPT, max_output_tokens=MAX,
+                                                   temperature=0) as stream:
+        events = list(stream)
+    snapshots = [e.snapshot for e in events if e.type == "response.output_text.delta"]
+    assert snapshots and events[-1].type in ("response.completed", "response.incomplete")
+    assert snapshots[-1] == events[-1].response.output_text
