@@ -4,7 +4,8 @@ mlx-lm's routes (``/v1/chat/completions``, ``/chat/completions``, ``/v1/completi
 ``/v1/models``, ``/health``) run its own code. Added: an API key checked before every route
 (``Authorization: Bearer KEY`` or ``x-api-key: KEY``; 401 with a JSON error otherwise),
 ``GET /kvlab/stats``, ``GET /kvlab/events?since=N``, ``POST /v1/messages`` (Anthropic, see
-kvlab.serving.anthropic), JSON 404s for unknown routes, a 400 for an empty or malformed message
+kvlab.serving.anthropic), ``POST /v1/responses`` (OpenAI Responses, kvlab.serving.responses),
+JSON 404s for unknown routes, a 400 for an empty or malformed message
 list, kvlab's normalisation of messages (``--normalise``) and a 400 instead of mlx-lm's 404 when a
 request is refused for what it asks (a prompt over the context). A request body is read once
 here, checked, possibly rewritten, and handed to mlx-lm's ``do_POST`` as if it came off the wire.
@@ -28,11 +29,12 @@ from urllib.parse import parse_qs, urlsplit
 from mlx_lm.server import APIHandler
 
 from ..errors import GenerationError, RequestError
-from . import anthropic
+from . import anthropic, responses
+from .response_writer import ResponsesWriter
 
 log = logging.getLogger("kvlab.serving")
 CHAT_ROUTES = ("/v1/chat/completions", "/chat/completions")
-POST_ROUTES = (*CHAT_ROUTES, "/v1/completions", "/v1/messages")
+POST_ROUTES = (*CHAT_ROUTES, "/v1/completions", "/v1/messages", "/v1/responses")
 GET_ROUTES = ("/v1/models", "/health", "/kvlab/stats", "/kvlab/events")
 
 
@@ -87,6 +89,8 @@ class KvlabHandler(APIHandler):
         try:
             if route == "/v1/messages":
                 return self._messages(body)
+            if route == "/v1/responses":
+                return self._responses(body)
             if route in CHAT_ROUTES and isinstance(body, dict):
                 problem = _check_messages(body.get("messages"))
                 if problem:
@@ -101,7 +105,8 @@ class KvlabHandler(APIHandler):
     # -- mlx-lm's request factories: open the request in the ledger -------------------------------
     def handle_chat_completions(self):
         request = super().handle_chat_completions()
-        return self._open(request, "messages" if self.kv_anthropic else "chat", request.messages)
+        api = getattr(self.kv_anthropic, "api", "messages") if self.kv_anthropic else "chat"
+        return self._open(request, api, request.messages)
 
     def handle_text_completions(self):
         request = super().handle_text_completions()
@@ -237,6 +242,29 @@ class KvlabHandler(APIHandler):
         self._rewrite(chat)
         writer = anthropic.MessagesWriter(self, stream=bool(body.get("stream")),
                                           model=str(body.get("model", "kvlab")))
+        self.kv_anthropic, self.kv_status, self.kv_real_wfile = writer, 200, self.wfile
+        self.wfile = writer
+        try:
+            self._forward(chat, "/v1/chat/completions")
+        finally:
+            self.wfile = self.kv_real_wfile
+            try:
+                writer.close()
+            finally:
+                self.kv_anthropic = None
+
+    def _responses(self, body, diagnostics=None) -> None:
+        """POST /v1/responses: translated to chat; a ResponsesWriter takes the writer slot that
+        /v1/messages uses. ``diagnostics``: a callable -> ``prompt_cache_diagnostics`` or None
+        (kvlab.serving.response_writer), the hook for cache diagnostics."""
+        if body is None:
+            return self._json(400, responses.error_body("the request body must be JSON"))
+        try:
+            chat = responses.to_chat(body)
+        except responses.ResponsesError as e:
+            return self._json(e.status, responses.error_body(str(e), e.kind, e.param))
+        self._rewrite(chat)
+        writer = ResponsesWriter(self, body, diagnostics=diagnostics)
         self.kv_anthropic, self.kv_status, self.kv_real_wfile = writer, 200, self.wfile
         self.wfile = writer
         try:
