@@ -17,8 +17,8 @@ pytestmark = [pytest.mark.serving, pytest.mark.model]
 
 SYSTEM = "You are a careful assistant for a research lab. Answer in one short sentence. " * 2
 TERSE = "You are a terse assistant for a research lab. Answer in one short sentence. " * 2
-TOOLS = [{"type": "function", "function": {"name": name, "description": f"{name} a file",
-                                           "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}}
+PARAMS = {"type": "object", "properties": {"path": {"type": "string"}}}
+TOOLS = [{"type": "function", "function": {"name": name, "description": f"{name} a file", "parameters": PARAMS}}
          for name in ("read", "write")]
 BETA = {"anthropic-beta": "cache-diagnosis-2026-04-07"}
 
@@ -104,7 +104,8 @@ def test_anthropic_three_turns_unknown_id_and_bad_input(start):
 
     # per turn, not cumulative: each row's reused tokens are that response's cached tokens
     rows = httpx.get(server.url + "/kvlab/requests", timeout=30).json()
-    assert rows["next"] == 4 and [r["response_id"] for r in rows["requests"]] == [t1["id"], t2["id"], t3["id"], t4["id"]]
+    assert rows["next"] == 4
+    assert [r["response_id"] for r in rows["requests"]] == [t["id"] for t in (t1, t2, t3, t4)]
     for row, t, res in zip(rows["requests"], (t1, t2, t3, t4), server.results):
         # mutant "row from the ledger's running totals": turn 2 on would carry earlier turns' tokens
         assert row["reused_tokens"] == t["usage"]["cache_read_input_tokens"] == res.reused_tokens
