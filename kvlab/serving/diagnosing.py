@@ -37,6 +37,7 @@ Example:
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass
 
 from ..diagnostics import (FingerprintLog, anthropic_diagnostics, anthropic_not_found, anthropic_request,
@@ -75,7 +76,9 @@ def request_row(seq: int, result, api: str, response_id: str | None, stream: boo
     """One ``/kvlab/requests`` row: what this request alone reused and missed, and why.
 
     Example:
-        >>> request_row(0, result, "chat", "chatcmpl-1", False)["missed_tokens"]
+        >>> row = request_row(0, server.results[0], "chat", "chatcmpl-1", False)
+        >>> row["missed_tokens"] == row["prompt_tokens"] - row["reused_tokens"]
+        True
     """
     reasons = nonzero(result.miss_reasons)
     return {"seq": seq, "request_id": result.request_id, "response_id": response_id, "api": api,
@@ -94,6 +97,7 @@ class ServedDiagnostics:
         self.model, self.store_name = model, store_name
         self.log = FingerprintLog(max_entries=max_entries, ttl_s=ttl_s)
         self.asked = self.not_found = 0
+        self._count = threading.Lock()  # handler threads answer concurrently
 
     def request(self, body, api: str, headers=None) -> Pending | None:
         """What ``body`` asks for; DiagnosticsError (the caller answers 400) when its diagnostics
@@ -123,7 +127,8 @@ class ServedDiagnostics:
             self.log.remember(rid, pending.shape, Tokens(prompt, ""))
         if not pending.wants:
             return {}
-        self.asked += 1
+        with self._count:
+            self.asked += 1
         store = self.store_detail(prompt, live.get("lookup") or {})
         try:
             return self._answer(pending, prompt, store)
@@ -140,7 +145,8 @@ class ServedDiagnostics:
             return {"diagnostics": None, "kvlab_diagnostics": {"store": store}}
         entry = self.log.get(pending.previous_id)
         if entry is None or entry.shape is None:
-            self.not_found += 1
+            with self._count:
+                self.not_found += 1
             if anthropic:
                 return {"diagnostics": anthropic_not_found({"store": store})}
             return {"prompt_cache_diagnostics": openai_not_found({"store": store})}

@@ -12,11 +12,12 @@ import httpx
 import pytest
 
 import kvlab as kv
+from kvlab.serving.diagnosing import ROW_FIELDS
 
 pytestmark = [pytest.mark.serving, pytest.mark.model]
 
 SYSTEM = "You are a careful assistant for a research lab. Answer in one short sentence. " * 2
-TERSE = "You are a terse assistant for a research lab. Answer in one short sentence. " * 2
+TERSE = "You are a terse assistant. Be brief. " * 2  # another length: lost != missed tokens
 PARAMS = {"type": "object", "properties": {"path": {"type": "string"}}}
 TOOLS = [{"type": "function", "function": {"name": name, "description": f"{name} a file", "parameters": PARAMS}}
          for name in ("read", "write")]
@@ -58,8 +59,8 @@ def test_anthropic_three_turns_unknown_id_and_bad_input(start):
 
     m2 = m1 + [{"role": "assistant", "content": t1["content"]}, {"role": "user", "content": "And a radix tree?"}]
     t2 = _messages(server, SYSTEM, m2, t1["id"])
-    # mutant "response remembered after its body is written, or not at all": turn 2 would be
-    # previous_message_not_found; mutant "fixed or reused message ids": ids collide
+    # mutant "responses not remembered": turn 2 would be previous_message_not_found; mutant
+    # "fixed or reused message ids": the ids collide
     assert t2["diagnostics"] is None  # only appended: nothing diverged
     k2 = t2["kvlab_diagnostics"]
     r1, r2 = server.results[0], server.results[1]
@@ -74,8 +75,9 @@ def test_anthropic_three_turns_unknown_id_and_bad_input(start):
     t3 = _messages(server, TERSE, m2, t2["id"])
     r3 = server.results[2]
     d = kv.diverge(r2.prompt_ids, r3.prompt_ids)
-    # mutant "token detail compares the current prompt with itself (or with turn 1)": the index
-    # and the missed count would not be the divergence of turns 2 and 3
+    # mutant "token detail compares the current prompt with itself": the index would not be
+    # the divergence of turns 2 and 3; mutant "missed = the current prompt's tail" (not the
+    # previous prompt's, which the providers count): the count differs (TERSE is shorter)
     assert t3["diagnostics"]["cache_miss_reason"] == {
         "type": "system_changed", "cache_missed_input_tokens": r2.prompt_tokens - d.token_index}
     assert d.token_index is not None and r2.prompt_tokens - d.token_index > 0
@@ -107,6 +109,7 @@ def test_anthropic_three_turns_unknown_id_and_bad_input(start):
     assert rows["next"] == 4
     assert [r["response_id"] for r in rows["requests"]] == [t["id"] for t in (t1, t2, t3, t4)]
     for row, t, res in zip(rows["requests"], (t1, t2, t3, t4), server.results):
+        assert tuple(row) == ROW_FIELDS
         # mutant "row from the ledger's running totals": turn 2 on would carry earlier turns' tokens
         assert row["reused_tokens"] == t["usage"]["cache_read_input_tokens"] == res.reused_tokens
         assert row["prompt_tokens"] == res.prompt_tokens
@@ -172,7 +175,9 @@ def test_chat_completions_tools_reordered_unknown_id_and_streaming(start, client
     assert hit["kvlab"]["cached_tokens"] == c2["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
     assert hit["kvlab"]["reusable_tokens"] == server.results[0].prompt_tokens
 
-    c3 = _chat(server, m2, TOOLS[::-1], c2["id"])
+    # the tools reordered, and a turn appended (not a change), so the current prompt is longer
+    m3 = m2 + [{"role": "assistant", "content": "Done."}, {"role": "user", "content": "Thanks"}]
+    c3 = _chat(server, m3, TOOLS[::-1], c2["id"])
     r2, r3 = server.results[1], server.results[2]
     d = kv.diverge(r2.prompt_ids, r3.prompt_ids)
     miss = c3["prompt_cache_diagnostics"]
