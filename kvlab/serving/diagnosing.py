@@ -24,7 +24,8 @@ kvlab's detail (``kvlab.diagnostics.extension``, plus ``store``): the structural
 token index where the two rendered prompts diverge with the text around it, the token counts,
 and what the store did for this request: match kind, reused tokens, the missed tokens by reason
 (``miss_reasons``, only the non-zero ones: the tokens lost to each), ``diverged_at``,
-``evicted_by`` and ``why`` (for a refused lookup it names the layer kind). Both prompts' token
+``evicted_by`` (the ledger's request id whose insert evicted the first lost token),
+``eviction_policy`` (the store's policy name) and ``why`` (a refused lookup names the layer kind). Both prompts' token
 ids are known before the first streamed event: mlx-lm tokenises and looks up a request before it
 hands the handler its generation context, and the ledger keeps what the lookup found.
 
@@ -93,8 +94,11 @@ class ServedDiagnostics:
     docstring). ``max_entries`` bounds memory: each entry holds a reference to its prompt ids
     (the same tuple the ledger's ``Result`` keeps), ``ttl_s`` is how long an id stays comparable."""
 
-    def __init__(self, model, store_name: str = "", *, max_entries: int = 1024, ttl_s: float = 3600.0):
+    def __init__(self, model, store_name: str = "", *, store=None, max_entries: int = 1024,
+                 ttl_s: float = 3600.0):
         self.model, self.store_name = model, store_name
+        policy = getattr(store, "policy", None)  # radix and paged stores evict by a named policy
+        self.policy = getattr(policy, "name", None)
         self.log = FingerprintLog(max_entries=max_entries, ttl_s=ttl_s)
         self.asked = self.not_found = 0
         self._count = threading.Lock()  # handler threads answer concurrently
@@ -173,7 +177,7 @@ class ServedDiagnostics:
                 "reused_tokens": reused, "missed_tokens": len(prompt) - reused,
                 "main_reason": next(iter(reasons), None), "miss_reasons": reasons,
                 "diverged_at": lookup.get("diverged_at"), "evicted_by": lookup.get("evicted_by"),
-                "why": lookup.get("why", "")}
+                "eviction_policy": self.policy, "why": lookup.get("why", "")}
 
     def __repr__(self) -> str:
         return (f"ServedDiagnostics({len(self.log)} remembered, {self.asked} asked, "

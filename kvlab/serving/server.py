@@ -89,7 +89,8 @@ class Server:
                 "fingerprint": self.model.fingerprint}
         self.ledger = Ledger(self.adapter, self.events_log, self.model, recorder=self.recorder, meta=meta)
         self.ledger.owner = self
-        self.diagnostics = ServedDiagnostics(self.model, self.store_name)  # cache diagnostics' memory
+        # what cache diagnostics compare with: each answered request under its response id
+        self.diagnostics = ServedDiagnostics(self.model, self.store_name, store=self.adapter.store)
         self._limits = dict(max_tokens=max_tokens, decode_concurrency=decode_concurrency,
                             prompt_concurrency=prompt_concurrency, prompt_cache_size=max_size)
         self.connections: set = set()

@@ -238,3 +238,23 @@ def test_paged_store_diagnostics_by_block(start):
     rows = server.requests()
     assert [r["reused_tokens"] for r in rows] == [t1["usage"]["cache_read_input_tokens"],
                                                   t2["usage"]["cache_read_input_tokens"]]
+
+
+def test_evicted_prefix_names_the_request_and_policy(start):
+    # about 1 KiB of KV per token here: one 39-token conversation fits in 64 KiB, two do not
+    server = start("radix", budget="64KiB")
+    alpha, beta = "Alpha system prompt is here. " * 4, "Beta system prompt differs entirely. " * 4
+    a = _messages(server, alpha, [{"role": "user", "content": "One"}], None)
+    b = _messages(server, beta, [{"role": "user", "content": "Two"}], a["id"])
+    c = _messages(server, alpha, [{"role": "user", "content": "One"}], b["id"])
+    ra, rb, rc = server.results
+    assert rb.evictions == 1 and rc.reused_tokens < ra.prompt_tokens - 1
+    store = c["diagnostics"]["kvlab"]["store"]
+    assert c["diagnostics"]["cache_miss_reason"]["type"] == "system_changed"
+    # mutant "store detail without the eviction": b's insert evicted a's prefix, under LRU
+    assert (store["main_reason"], store["evicted_by"], store["eviction_policy"]) == ("evicted", rb.request_id, "lru")
+    assert store["miss_reasons"] == {k: v for k, v in rc.miss_reasons.items() if v}
+    assert store["miss_reasons"]["evicted"] == rc.prompt_tokens - rc.reused_tokens - 1  # the last: partial
+    row = server.requests(2)[0]
+    assert (row["main_reason"], row["evicted_by"], row["reused_tokens"]) == ("evicted", rb.request_id,
+                                                                            c["usage"]["cache_read_input_tokens"])
