@@ -34,6 +34,7 @@ from ..primitives.display import summary_html, table_html
 from ..primitives.units import fmt_bytes, parse_bytes
 from .adapter import StoreAdapter
 from .checkpointing import ServedCheckpoints
+from .diagnosing import ServedDiagnostics
 from .events import ServerEvents
 from .generator import KvlabModelProvider, KvlabResponseGenerator, cli_args
 from .handler import bind_handler
@@ -88,6 +89,8 @@ class Server:
                 "fingerprint": self.model.fingerprint}
         self.ledger = Ledger(self.adapter, self.events_log, self.model, recorder=self.recorder, meta=meta)
         self.ledger.owner = self
+        # what cache diagnostics compare with: each answered request under its response id
+        self.diagnostics = ServedDiagnostics(self.model, self.store_name, store=self.adapter.store)
         self._limits = dict(max_tokens=max_tokens, decode_concurrency=decode_concurrency,
                             prompt_concurrency=prompt_concurrency, prompt_cache_size=max_size)
         self.connections: set = set()
@@ -214,6 +217,11 @@ class Server:
     @property
     def results(self) -> list:
         return self.ledger.finished()
+
+    def requests(self, since: int = 0) -> list[dict]:
+        """One row per finished request from number ``since`` on (what ``GET /kvlab/requests``
+        answers): its ids, API, prompt / reused / missed tokens, miss reasons and TTFT."""
+        return self.ledger.rows_since(since)
 
     def on_result(self, callback) -> None:
         """Call ``callback(server, result)`` after every finished request, on a listener thread."""
