@@ -258,3 +258,30 @@ def test_evicted_prefix_names_the_request_and_policy(start):
     row = server.requests(2)[0]
     assert (row["main_reason"], row["evicted_by"], row["reused_tokens"]) == ("evicted", rb.request_id,
                                                                             c["usage"]["cache_read_input_tokens"])
+
+
+def test_responses_route_answers_prompt_cache_diagnostics(start):
+    # mutants: the writer never asking for the object (no prompt_cache_diagnostics); the request
+    # not remembered under its resp_ id (the second turn answers not found); computed twice (the
+    # second call finds nothing pending: response.completed carries None)
+    server = start("radix")
+    tools = [{"type": "function", "name": t["function"]["name"], "description": t["function"]["description"],
+              "parameters": PARAMS} for t in TOOLS]
+    base = {"model": "tiny", "instructions": SYSTEM, "input": "Read the notes.", "tools": tools,
+            "max_output_tokens": 4, "temperature": 0}
+    first = _post(server, "/v1/responses", base).json()
+    assert first["id"].startswith("resp_") and "prompt_cache_diagnostics" not in first
+    asked = {**base, "prompt_cache_options": {"comparison_response_id": first["id"]}}
+    hit = _post(server, "/v1/responses", asked).json()
+    assert hit["prompt_cache_diagnostics"]["type"] == "cache_hit"
+    events = _sse(server, "/v1/responses", {**asked, "tools": tools[::-1], "stream": True})
+    done = next(d for _, d in events if d["type"] in ("response.completed", "response.incomplete"))["response"]
+    d = done["prompt_cache_diagnostics"]
+    assert d["type"] == "cache_miss" and d["reason"] == "tools_changed" and d["cache_missed_tokens"] > 0
+    assert d["kvlab"]["cached_tokens"] == done["usage"]["input_tokens_details"]["cached_tokens"]
+    created = next(d for _, d in events if d["type"] == "response.created")["response"]
+    assert created["prompt_cache_diagnostics"] == d
+    gone = _post(server, "/v1/responses", {**base, "prompt_cache_options": {"comparison_response_id": "resp_x"}})
+    assert gone.status_code == 200 and gone.json()["prompt_cache_diagnostics"]["type"] == "comparison_response_not_found"
+    bad = _post(server, "/v1/responses", {**base, "prompt_cache_options": {"comparison_response_id": 7}})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "prompt_cache_options"
