@@ -26,6 +26,8 @@ import logging
 from http.server import BaseHTTPRequestHandler
 from urllib.parse import parse_qs, urlsplit
 
+from ..serving import prometheus
+
 log = logging.getLogger("kvlab.proxy")
 POST_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/responses")
 GET_ROUTES = ("/v1/models", "/health")
@@ -62,6 +64,8 @@ class ProxyHandler(BaseHTTPRequestHandler):
             if not since.isdigit():
                 return self._json(400, _error(route, f"since must be a row count (an integer >= 0), got {since!r}"))
             return self._json(200, self.px.tracker.listing(int(since)))
+        if route == "/metrics":  # the proxy's own, from its rows (an upstream's /metrics is not forwarded)
+            return prometheus.write(self, self.px.metrics)
         if route in GET_ROUTES:
             return self._relay(route, None, None)
         self._json(404, _error(route, f"unknown route GET {route}; the proxy forwards GET "

@@ -27,6 +27,7 @@ from urllib.parse import urlsplit
 
 from ..errors import KvlabError
 from ..primitives.display import summary_html, table_html
+from ..serving.prometheus import ProxyMetrics
 from .conversation import RAN, Tracker, jsonable
 from .forward import bind_handler
 from .recording import ProxyRecorder
@@ -74,6 +75,7 @@ class Proxy:
         self.host, self.port, self.timeout = host, int(port), float(timeout)
         self.tokenizer = _tokenizer(tokenizer)
         self.tracker = Tracker(self.tokenizer, diagnose=diagnose, min_common=min_common, history=history)
+        self.metrics = ProxyMetrics(self.tracker)  # GET /metrics (kvlab.serving.prometheus)
         self.recorder = (ProxyRecorder(record, record_text=record_text, block_size=block_size)
                          if record else None)
         self._lock = threading.Lock()

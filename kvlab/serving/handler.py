@@ -29,11 +29,13 @@ from mlx_lm.server import APIHandler
 
 from ..errors import GenerationError, RequestError
 from . import anthropic
+from . import prometheus
 
 log = logging.getLogger("kvlab.serving")
 CHAT_ROUTES = ("/v1/chat/completions", "/chat/completions")
 POST_ROUTES = (*CHAT_ROUTES, "/v1/completions", "/v1/messages")
 GET_ROUTES = ("/v1/models", "/health", "/kvlab/stats", "/kvlab/events")
+GET_ROUTES += ("/metrics",)  # Prometheus text format (kvlab.serving.prometheus)
 
 
 class KvlabHandler(APIHandler):
@@ -61,6 +63,8 @@ class KvlabHandler(APIHandler):
             return
         if route == "/kvlab/stats":
             return self._json(200, self.kv.stats())
+        if route == "/metrics":  # behind the API key like every route: scrapers send it as a bearer token
+            return prometheus.write(self, self.kv.metrics)
         if route == "/kvlab/events":
             query = parse_qs(urlsplit(self.path).query)
             try:

@@ -38,6 +38,7 @@ from .events import ServerEvents
 from .generator import KvlabModelProvider, KvlabResponseGenerator, cli_args
 from .handler import bind_handler
 from .ledger import Ledger
+from .prometheus import ServerMetrics
 from .record import Recorder
 
 log = logging.getLogger("kvlab.serving")
@@ -88,6 +89,7 @@ class Server:
                 "fingerprint": self.model.fingerprint}
         self.ledger = Ledger(self.adapter, self.events_log, self.model, recorder=self.recorder, meta=meta)
         self.ledger.owner = self
+        self.metrics = ServerMetrics(self)  # GET /metrics (kvlab.serving.prometheus)
         self._limits = dict(max_tokens=max_tokens, decode_concurrency=decode_concurrency,
                             prompt_concurrency=prompt_concurrency, prompt_cache_size=max_size)
         self.connections: set = set()
