@@ -138,14 +138,15 @@ class _Metrics:
         return self.pc.metrics_core.GaugeMetricFamily(name, help_text, value=value)
 
     def __repr__(self) -> str:
-        v = self.values()
-        return f"{type(self).__name__}({sum(x for k, x in v.items() if k[0] == 'kvlab_requests_total')} requests)"
+        n = sum(x for k, x in self.values().items() if isinstance(k, tuple) and k[0] == "kvlab_requests_total")
+        return f"{type(self).__name__}({n:.0f} requests)"
 
     def _repr_html_(self) -> str:
+        shown = [(k, x) for k, x in self.values().items() if isinstance(k, str) or not k[0].endswith("_bucket")]
         rows = [[k if isinstance(k, str) else f"{k[0]}{{{', '.join(f'{a}={b!r}' for a, b in k[1])}}}", x]
-                for k, x in sorted(self.values().items(), key=lambda kv: str(kv[0]))]
-        return summary_html(f"kvlab {self.kind} /metrics", f"{len(rows)} samples",
-                            body=table_html(("sample", "value"), rows, limit=40))
+                for k, x in sorted(shown, key=lambda kv: str(kv[0]))]
+        return summary_html(f"kvlab {self.kind} /metrics", f"{len(rows)} samples", note="histogram buckets "
+                            "left out: read them at /metrics", body=table_html(("sample", "value"), rows))
 
 
 class ServerMetrics(_Metrics):
