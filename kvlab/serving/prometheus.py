@@ -2,14 +2,16 @@
 ``prometheus_client`` from a registry of the server's own (never the process-wide default one,
 so two servers in one process never share or collide).
 
-Nothing is counted on the request path. A scrape first folds in what happened since the last
-one, then renders: for ``kvlab serve`` the ledger's finished results (tokens, miss reasons,
-TTFT, ITL) and the event log's ``arrive``/``finish`` rows (requests by API and status) and
-store removals (evictions by reason); for the proxy its request rows. Both sources record a
+Almost nothing is counted on the request path. A scrape first folds in what happened since
+the last one, then renders: for ``kvlab serve`` the ledger's finished results (tokens, miss
+reasons, TTFT) and the event log's ``arrive``/``finish`` rows (requests by API and status) and
+store removals (evictions by policy); for the proxy its request rows. Both sources record a
 request before its client sees the end of the response, so a scrape after a response counts it.
 The store's bytes are read at scrape time. Latencies follow kvlab.serving.metrics: TTFT is the
 first token minus the request's arrival; ITL pools the gaps between consecutive tokens of every
-request (here as the generation thread hands them out). Failed requests count in neither.
+request, here as the generation thread hands them out (the ledger's ``on_token`` hook), observed
+when a request's last token comes. Requests that end without one (failed, client gone) count in
+no ITL; failed requests count in no TTFT either.
 
 Names (units in the name, ``_total`` on counters): see :data:`SERVE_HELP` and :data:`PROXY_HELP`.
 
@@ -55,8 +57,8 @@ SERVE_HELP = {
     "store_entries": "Entries the store holds now",
     "store_budget_bytes": "The store's byte budget (absent when unbounded)",
     "ttft": "Time to first token: first generated token minus the request's arrival, in seconds",
-    "itl": "Inter-token latency: the gaps between consecutive generated tokens of every finished "
-           "request, pooled (one observation per gap), in seconds",
+    "itl": "Inter-token latency: the gaps between consecutive generated tokens of every request "
+           "that generated to its end, pooled (one observation per gap), in seconds",
 }
 PROXY_HELP = {
     "requests": "Requests the proxy forwarded to an end, by route and how they ended (ok, error, "
@@ -122,12 +124,21 @@ class _Metrics:
         return self.pc.generate_latest(self.registry), self.pc.CONTENT_TYPE_LATEST
 
     def text(self) -> str:
-        """The exposition as text, for reading in a notebook."""
+        """The exposition as text, for reading in a notebook.
+
+        Example:
+            >>> print(server.metrics.text())
+        """
         return self.exposition()[0].decode()
 
     def values(self) -> dict:
         """``{sample name: value}`` of the unlabelled samples and ``{(name, labels): value}`` of
-        the labelled ones, as a scrape would see them now."""
+        the labelled ones, as a scrape would see them now.
+
+        Example:
+            >>> server.metrics.values()[("kvlab_requests_total", (("api", "chat"), ("status", "ok")))]
+            3.0
+        """
         out = {}
         for family in self.registry.collect():
             for s in family.samples:
@@ -180,15 +191,31 @@ class ServerMetrics(_Metrics):
         self._seq = 0  # next event row to fold in
         self._api: dict[int, str] = {}  # request -> API, from its arrive row until its finish row
         self._reusing = self._prompt_tokens = self._cached_tokens = 0  # for the hit ratios
-        self._times: dict[int, list[float]] = {}  # request -> its token times, until it is folded in
+        self._times: dict[int, list[float]] = {}  # request -> its token times, until its last token
         self._times_lock = threading.Lock()
         server.ledger.on_token = self.token
 
     def token(self, rid: int, response) -> None:
-        """The ledger's per-token hook (generation thread): note when request ``rid``'s token came."""
+        """The ledger's per-token hook (generation thread): note when request ``rid``'s token came;
+        at its last token (a finish reason), observe its gaps in the ITL histogram.
+
+        Example:
+            >>> server.ledger.on_token == server.metrics.token
+            True
+        """
         now = time.perf_counter()
         with self._times_lock:
-            self._times.setdefault(rid, []).append(now)
+            times = self._times.setdefault(rid, [])
+            times.append(now)
+            if response.finish_reason is None:
+                return
+            del self._times[rid]
+            # requests that ended without a last token (failed, client gone) leave their times here
+            alive = set(self.server.ledger.inflight)
+            for other in [r for r in self._times if r not in alive]:
+                del self._times[other]
+        for a, b in zip(times, times[1:]):
+            self.itl.observe(b - a)
 
     def _sync(self) -> None:
         results = self.server.ledger.finished()
@@ -202,10 +229,6 @@ class ServerMetrics(_Metrics):
             for reason, n in (r.miss_reasons or {}).items():
                 self.missed.labels(reason).inc(n)
             self.ttft.observe(r.ttft_s)
-            with self._times_lock:
-                times = self._times.pop(r.request_id, [])
-            for a, b in zip(times, times[1:]):
-                self.itl.observe(b - a)
         self._results = len(results)
         log = self.server.events_log
         for row in log.since(self._seq):
@@ -215,9 +238,6 @@ class ServerMetrics(_Metrics):
             elif event == "finish":
                 status = (row["detail"] or "ok").split(":")[0]
                 self.requests.labels(self._api.pop(rid, "unknown"), status).inc()
-                if status not in RAN:  # no result will fold its token times in
-                    with self._times_lock:
-                        self._times.pop(rid, None)
             elif event in REMOVALS and row["detail"] in NON_CAPACITY_REASONS:
                 self.removals.labels(row["detail"]).inc()
             elif event in REMOVALS:
@@ -291,7 +311,11 @@ class ProxyMetrics(_Metrics):
 
 
 def write(handler, metrics) -> None:
-    """Answer ``handler``'s ``GET /metrics`` with ``metrics``' exposition (200, its content type)."""
+    """Answer ``handler``'s ``GET /metrics`` with ``metrics``' exposition (200, its content type).
+
+    Example:
+        >>> prometheus.write(self, self.kv.metrics)   # in a handler's do_GET
+    """
     from http.server import BaseHTTPRequestHandler
 
     body, content_type = metrics.exposition()

@@ -196,9 +196,9 @@ class Adapter:
         return 1
 
 
-def fake_server(results):
-    return SimpleNamespace(ledger=SimpleNamespace(finished=lambda: list(results), on_token=None),
-                           events_log=ServerEvents(), adapter=Adapter())
+def fake_server(results, inflight=()):
+    return SimpleNamespace(ledger=SimpleNamespace(finished=lambda: list(results), on_token=None,
+                                                  inflight=inflight), events_log=ServerEvents(), adapter=Adapter())
 
 
 def result(rid, prompt, reused, out, reasons):
@@ -210,21 +210,24 @@ def result(rid, prompt, reused, out, reasons):
 
 def test_server_metrics_fold_statuses_evictions_and_token_gaps():
     """Mutants: a failed request missing from requests_total (counted from results only), the
-    token gaps of a failed request counted in ITL, subsumed removals counted as evictions, and
+    token gaps of a failed request counted in ITL or never dropped, subsumed removals counted as evictions, and
     metrics registered in prometheus_client's process-wide registry (two servers collide), the
     store's peak bytes reported as the bytes it holds."""
-    results = []
-    server = fake_server(results)
+    results, inflight = [], [1, 2]
+    server = fake_server(results, inflight)
     metrics = ServerMetrics(server)
     other = ServerMetrics(fake_server([]))  # a second server in the same process
     assert server.ledger.on_token == metrics.token
     log = server.events_log
     log.add("arrive", request=1, detail="chat")
     log.add("arrive", request=2, detail="messages")
-    for rid, n in ((1, 2), (2, 3)):
-        for _ in range(n):
-            metrics.token(rid, None)
+    for rid, reasons in ((1, (None, None)), (2, (None, None))):
+        for finish_reason in reasons:
+            metrics.token(rid, SimpleNamespace(finish_reason=finish_reason))
     log.add("finish", request=1, detail="error: generation failed")
+    inflight.remove(1)
+    metrics.token(2, SimpleNamespace(finish_reason="length"))  # request 2's last token
+    assert metrics._times == {}  # nothing left behind by the failed request
     log.add("evict", request=2, tokens=16, nbytes=1000, entry="1", detail="subsumed")
     log.add("evict", request=2, tokens=32, nbytes=2000, entry="2", detail="lru")
     log.add("finish", request=2, detail="ok")
