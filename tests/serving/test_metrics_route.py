@@ -51,8 +51,12 @@ def until(done, what: str, timeout: float = 60.0) -> None:
 
 
 def stored(server, n: int) -> bool:
+    """Whether the n-th request's prompt + output is in the store, evictions and all."""
     ev = server.events
-    return ev.filter((pl.col("event") == "offer") & (pl.col("segment") == "assistant")).height >= n
+    if ev.filter((pl.col("event") == "offer") & (pl.col("segment") == "assistant")).height < n:
+        return False
+    with server.adapter.lock:  # the offer row is written under it, and it is held to the insert's end
+        return True
 
 
 def conversation(system_prompt):
