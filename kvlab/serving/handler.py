@@ -29,12 +29,12 @@ from mlx_lm.server import APIHandler
 
 from ..errors import GenerationError, RequestError
 from . import anthropic
-from . import prometheus
 
 log = logging.getLogger("kvlab.serving")
 CHAT_ROUTES = ("/v1/chat/completions", "/chat/completions")
 POST_ROUTES = (*CHAT_ROUTES, "/v1/completions", "/v1/messages")
 GET_ROUTES = ("/v1/models", "/health", "/kvlab/stats", "/kvlab/events")
+
 GET_ROUTES += ("/metrics",)  # Prometheus text format (kvlab.serving.prometheus)
 
 
@@ -61,10 +61,12 @@ class KvlabHandler(APIHandler):
         route = urlsplit(self.path).path
         if not self._authorised(route):
             return
+        if route == "/metrics":  # behind the API key like every route: scrapers send it as a bearer token
+            from . import prometheus
+
+            return prometheus.write(self, self.kv.metrics)
         if route == "/kvlab/stats":
             return self._json(200, self.kv.stats())
-        if route == "/metrics":  # behind the API key like every route: scrapers send it as a bearer token
-            return prometheus.write(self, self.kv.metrics)
         if route == "/kvlab/events":
             query = parse_qs(urlsplit(self.path).query)
             try:

@@ -89,7 +89,6 @@ class Server:
                 "fingerprint": self.model.fingerprint}
         self.ledger = Ledger(self.adapter, self.events_log, self.model, recorder=self.recorder, meta=meta)
         self.ledger.owner = self
-        self.metrics = ServerMetrics(self)  # GET /metrics (kvlab.serving.prometheus)
         self._limits = dict(max_tokens=max_tokens, decode_concurrency=decode_concurrency,
                             prompt_concurrency=prompt_concurrency, prompt_cache_size=max_size)
         self.connections: set = set()
@@ -98,6 +97,7 @@ class Server:
         self._stopped = threading.Event()
         self._done = threading.Event()  # stopped, or generation failed for good
         self.failure = None  # the GenerationError that ended generation for good
+        self.metrics = ServerMetrics(self)  # GET /metrics (kvlab.serving.prometheus)
 
     def _adapter(self, store, budget_bytes, block_size, max_size):
         """The store behind the reuse core: by name exactly what ``kv.make_store(name)`` builds."""
