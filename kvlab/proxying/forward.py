@@ -153,6 +153,7 @@ class ProxyHandler(BaseHTTPRequestHandler):
                 break
             if ex is not None and ex.watch.feed(chunk):
                 ex.output_seen()
+                self.px.metrics.output(ex.id)  # ITL at the proxy (kvlab.serving.prometheus)
             try:
                 self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk) if chunked else chunk)
             except OSError as e:

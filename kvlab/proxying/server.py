@@ -155,6 +155,7 @@ class Proxy:
     def finish(self, ex, **kw) -> dict:
         """Make ``ex``'s row and, for a request the upstream ran, record it."""
         row = self.tracker.close(ex, **kw)
+        self.metrics.finished(ex.id, row["status"])
         if self.recorder is not None and row["status"] in RAN:
             ids = self.tracker.ids(ex) if self.tokenizer is not None else None
             rec = {**row, "upstream": self.upstream, "prompt_ids": None if ids is None else list(ids),

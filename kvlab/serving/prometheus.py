@@ -2,18 +2,15 @@
 ``prometheus_client`` from a registry of the server's own (never the process-wide default one,
 so two servers in one process never share or collide).
 
-Almost nothing is counted on the request path. A scrape first folds in what happened since
-the last one, then renders: for ``kvlab serve`` the ledger's finished results (tokens, miss
-reasons, TTFT) and the event log's ``arrive``/``finish`` rows (requests by API and status) and
-store removals (evictions by policy); for the proxy its request rows. Both sources record a
-request before its client sees the end of the response, so a scrape after a response counts it.
-The store's bytes are read at scrape time. Latencies follow kvlab.serving.metrics: TTFT is the
-first token minus the request's arrival; ITL pools the gaps between consecutive tokens of every
-request, here as the generation thread hands them out (the ledger's ``on_token`` hook), observed
-when a request's last token comes. Requests that end without one (failed, client gone) count in
-no ITL; failed requests count in no TTFT either.
-
-Names (units in the name, ``_total`` on counters): see :data:`SERVE_HELP` and :data:`PROXY_HELP`.
+A scrape folds in what happened since the last one, then renders: for ``kvlab serve`` the
+ledger's finished results (tokens, miss reasons, TTFT), the event log's ``arrive``/``finish`` rows
+(requests by API and status) and store removals (evictions by policy); for the proxy its rows.
+Both record a request before its client sees the response end, so a scrape after it counts it.
+Store bytes are read at scrape time. Latencies follow kvlab.serving.metrics: TTFT is the first
+token minus arrival; ITL pools the gaps between consecutive tokens (serve: as the generation
+thread hands them out, the ledger's ``on_token`` hook; proxy: chunks carrying output), observed
+when a request ends well. Failed requests count in neither. Names: :data:`SERVE_HELP`,
+:data:`PROXY_HELP` (units in the name, ``_total`` on counters).
 
 Example:
     >>> with kv.serve("tiny", "radix") as server:
@@ -25,6 +22,7 @@ from __future__ import annotations
 
 import threading
 import time
+from http.server import BaseHTTPRequestHandler
 
 from ..errors import KvlabError
 from ..policies.reasons import ALL_REASONS
@@ -76,6 +74,9 @@ PROXY_HELP = {
             "request's arrival, in seconds",
     "e2e": "End-to-end latency at the proxy: the response's end minus the request's arrival, in "
            "seconds",
+    "itl": "Inter-token latency at the proxy: the gaps between consecutive chunks carrying output "
+           "of every stream relayed to its end, pooled (several tokens read at once make one gap), "
+           "in seconds",
 }
 
 
@@ -90,8 +91,6 @@ def _client():
 
 class _Metrics:
     """A collector on a registry of its own: each scrape syncs, then yields every metric."""
-
-    kind = "metrics"
 
     def __init__(self):
         self.pc = _client()
@@ -281,8 +280,33 @@ class ProxyMetrics(_Metrics):
         self.generated = self._add(pc.Counter, "kvlab_generation_tokens", h["generation_tokens"])
         self.ttft = self._add(pc.Histogram, "kvlab_time_to_first_token_seconds", h["ttft"], buckets=TTFT_BUCKETS)
         self.e2e = self._add(pc.Histogram, "kvlab_e2e_request_latency_seconds", h["e2e"], buckets=TTFT_BUCKETS)
+        self.itl = self._add(pc.Histogram, "kvlab_inter_token_latency_seconds", h["itl"], buckets=ITL_BUCKETS)
+        self._times: dict[int, list[float]] = {}  # request -> when its chunks with output came
+        self._times_lock = threading.Lock()
         self._rows = 0
         self._reported = [0, 0]  # prompt and cached tokens of the requests that reported a cached count
+
+    def output(self, rid: int) -> None:
+        """A chunk of request ``rid``'s stream carrying output was read (the handler calls it).
+
+        Example:
+            >>> proxy.metrics.output(ex.id)
+        """
+        now = time.perf_counter()
+        with self._times_lock:
+            self._times.setdefault(rid, []).append(now)
+
+    def finished(self, rid: int, status: str) -> None:
+        """Request ``rid`` has its row: its gaps go into the ITL histogram if it ended ``ok``.
+
+        Example:
+            >>> proxy.metrics.finished(ex.id, "ok")
+        """
+        with self._times_lock:
+            times = self._times.pop(rid, [])
+        if status == "ok":
+            for a, b in zip(times, times[1:]):
+                self.itl.observe(b - a)
 
     def _sync(self) -> None:
         rows = self.tracker.listing(self._rows)
@@ -316,8 +340,6 @@ def write(handler, metrics) -> None:
     Example:
         >>> prometheus.write(self, self.kv.metrics)   # in a handler's do_GET
     """
-    from http.server import BaseHTTPRequestHandler
-
     body, content_type = metrics.exposition()
     # the base class's calls, as the handlers' JSON replies make them (mlx-lm's add CORS headers)
     BaseHTTPRequestHandler.send_response(handler, 200)

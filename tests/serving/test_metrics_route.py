@@ -189,6 +189,9 @@ def test_proxy_metrics_count_what_the_upstream_reported(start, client, proxied, 
     assert value(m, "kvlab_generation_tokens_total") == 12
     assert value(m, "kvlab_time_to_first_token_seconds_count") == 3
     assert value(m, "kvlab_e2e_request_latency_seconds_count") == 3
+    # only the streamed request has gaps at the proxy: at most one per token after the first
+    # (fewer when one read brings several tokens, so the exact count is the network's)
+    assert value(m, "kvlab_inter_token_latency_seconds_count") <= 3
     assert scrape(p.url) == m
 
 
@@ -257,8 +260,8 @@ def test_server_metrics_fold_statuses_evictions_and_token_gaps():
 
 
 def test_proxy_hit_ratio_leaves_out_unreported_requests():
-    """Mutant: a request whose upstream reported no cached count taken as 0 cached, which drags
-    the ratio down (4 / 30 instead of 4 / 10)."""
+    """Mutants: a request whose upstream reported no cached count taken as 0 cached, which drags
+    the ratio down (4 / 30 instead of 4 / 10); the gaps of a stream cut short counted in ITL."""
     rows = [{"route": CHAT, "status": "ok", "upstream_prompt_tokens": 10, "reused_tokens": 4,
              "output_tokens": 2, "ttft_s": 0.1, "e2e_s": 0.2},
             {"route": CHAT, "status": "ok", "upstream_prompt_tokens": 20, "reused_tokens": None,
@@ -266,7 +269,12 @@ def test_proxy_hit_ratio_leaves_out_unreported_requests():
             {"route": "/v1/messages", "status": "upstream_unreachable", "upstream_prompt_tokens": None,
              "reused_tokens": None, "output_tokens": None, "ttft_s": None, "e2e_s": 0.01}]
     metrics = ProxyMetrics(SimpleNamespace(listing=lambda since=0: rows[since:]))
+    for rid, chunks, status in ((1, 3, "ok"), (2, 4, "disconnected")):
+        for _ in range(chunks):
+            metrics.output(rid)
+        metrics.finished(rid, status)
     v = metrics.values()
+    assert v["kvlab_inter_token_latency_seconds_count"] == 2  # request 1's gaps; not the cut stream's
     assert v[("kvlab_requests_total", (("route", CHAT), ("status", "ok")))] == 2
     assert v[("kvlab_requests_total", (("route", "/v1/messages"), ("status", "upstream_unreachable")))] == 1
     assert v["kvlab_upstream_prompt_tokens_total"] == 30 and v["kvlab_upstream_cached_tokens_total"] == 4
