@@ -63,7 +63,8 @@ class _HTTPS(_Keep, http.client.HTTPSConnection):
 
 class Proxy:
     """A running (or ready) proxy: ``url``, ``upstream``, ``requests`` (rows), ``requests_frame()``
-    (polars), ``wait(n)``, ``tracker``, ``recorder``; ``stop()`` or use it as a context manager.
+    (polars), ``wait(n)``, ``tracker``, ``recorder``, ``metrics`` (``GET /metrics``); ``stop()`` or use it
+    as a context manager.
     ``tokenizer``: a kvlab model name or folder (loaded with ``kv.load``), a loaded model or a
     tokenizer, for token ids; ``diagnose(previous, current)``: the structural-diagnosis hook (see
     kvlab.proxying.conversation). Made by :func:`proxy`."""

@@ -57,7 +57,8 @@ class _HTTPServer(ThreadingHTTPServer):
 
 class Server:
     """A running (or ready) ``kvlab serve``: ``url``, ``events`` (polars), ``stats()``, ``results``
-    (``kv.Result`` per finished request), ``store``, ``on_result(callback)``; ``stop()`` or use
+    (``kv.Result`` per finished request), ``store``, ``on_result(callback)``, ``metrics`` (what
+    ``GET /metrics`` answers: kvlab.serving.prometheus); ``stop()`` or use
     it as a context manager. Made by :func:`serve`."""
 
     keying = "prompt+output"  # mlx-lm caches prompt + output when a request finishes
