@@ -27,6 +27,7 @@ from http.server import BaseHTTPRequestHandler
 from urllib.parse import parse_qs, urlsplit
 
 from ..errors import DiagnosticsError
+from ..serving import prometheus
 from . import diagnosing
 
 log = logging.getLogger("kvlab.proxy")
@@ -65,6 +66,8 @@ class ProxyHandler(BaseHTTPRequestHandler):
             if not since.isdigit():
                 return self._json(400, _error(route, f"since must be a row count (an integer >= 0), got {since!r}"))
             return self._json(200, self.px.tracker.listing(int(since)))
+        if route == "/metrics":  # the proxy's own, from its rows (an upstream's /metrics is not forwarded)
+            return prometheus.write(self, self.px.metrics)
         if route in GET_ROUTES:
             return self._relay(route, None, None)
         self._json(404, _error(route, f"unknown route GET {route}; the proxy forwards GET "
@@ -162,6 +165,7 @@ class ProxyHandler(BaseHTTPRequestHandler):
                 break
             if ex is not None and ex.watch.feed(chunk):
                 ex.output_seen()
+                self.px.metrics.output(ex.id)  # ITL at the proxy (kvlab.serving.prometheus)
             if injector is not None:
                 chunk = injector.feed(chunk)  # holds bytes back until the event it rewrites is whole
             try:

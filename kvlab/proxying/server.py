@@ -28,6 +28,7 @@ from urllib.parse import urlsplit
 from ..diagnostics import FingerprintLog
 from ..errors import KvlabError
 from ..primitives.display import summary_html, table_html
+from ..serving.prometheus import ProxyMetrics
 from . import diagnosing
 from .conversation import RAN, Tracker, jsonable
 from .forward import bind_handler
@@ -65,7 +66,8 @@ class _HTTPS(_Keep, http.client.HTTPSConnection):
 
 class Proxy:
     """A running (or ready) proxy: ``url``, ``upstream``, ``requests`` (rows), ``requests_frame()``
-    (polars), ``wait(n)``, ``tracker``, ``recorder``; ``stop()`` or use it as a context manager.
+    (polars), ``wait(n)``, ``tracker``, ``recorder``, ``metrics`` (``GET /metrics``); ``stop()`` or use it
+    as a context manager.
     ``tokenizer``: a kvlab model name or folder (loaded with ``kv.load``), a loaded model or a
     tokenizer, for token ids; ``diagnose(previous, current)``: the structural-diagnosis hook (see
     kvlab.proxying.conversation). Made by :func:`proxy`."""
@@ -78,6 +80,7 @@ class Proxy:
         self.tokenizer = _tokenizer(tokenizer)
         self.tracker = Tracker(self.tokenizer, diagnose=diagnose or diagnosing.structural, min_common=min_common,
                                history=history)
+        self.metrics = ProxyMetrics(self.tracker)  # GET /metrics (kvlab.serving.prometheus)
         self.fingerprints = FingerprintLog(max_entries=history)  # responses a client may compare with
         self.view = LiveView()  # what kv.Inspector reads
         self.store = None  # the proxy holds no cache: the upstream does
@@ -160,6 +163,7 @@ class Proxy:
     def finish(self, ex, **kw) -> dict:
         """Make ``ex``'s row and, for a request the upstream ran, record it."""
         row = self.tracker.close(ex, **kw)
+        self.metrics.finished(ex.id, row["status"])
         if row["status"] in RAN:
             diagnosing.remember(self.fingerprints, self.tracker, ex, row["response_id"])
             self.view.add(self, row, self.tracker.ids(ex) if self.tokenizer is not None else None)

@@ -39,6 +39,8 @@ CHAT_ROUTES = ("/v1/chat/completions", "/chat/completions")
 POST_ROUTES = (*CHAT_ROUTES, "/v1/completions", "/v1/messages", "/v1/responses")
 GET_ROUTES = ("/v1/models", "/health", "/kvlab/stats", "/kvlab/events", "/kvlab/requests")
 
+GET_ROUTES += ("/metrics",)  # Prometheus text format (kvlab.serving.prometheus)
+
 
 class KvlabHandler(APIHandler):
     """mlx-lm's handler with kvlab's routes and checks (module docstring). ``kv`` is the Server."""
@@ -63,6 +65,10 @@ class KvlabHandler(APIHandler):
         route = urlsplit(self.path).path
         if not self._authorised(route):
             return
+        if route == "/metrics":  # behind the API key like every route: scrapers send it as a bearer token
+            from . import prometheus
+
+            return prometheus.write(self, self.kv.metrics)
         if route == "/kvlab/stats":
             return self._json(200, self.kv.stats())
         if route in ("/kvlab/events", "/kvlab/requests"):

@@ -96,6 +96,8 @@ class Ledger:
                 r["finish_reason"] = response.finish_reason
         if first:
             self.events.add("first_token", request=rid)
+        if self.on_token is not None:
+            self.on_token(rid, response)
 
     # -- either thread ----------------------------------------------------------------------------
     def done(self, rid, status: str = "ok", error: str | None = None) -> Result | None:
@@ -169,6 +171,7 @@ class Ledger:
                     log.warning("kvlab serve: on_result listener failed: %s", e)
 
     owner = None  # what listeners receive as their first argument (the Server)
+    on_token = None  # called (rid, response) on the generation thread for each token (ITL)
 
     def close(self) -> None:
         """Stop the listener thread after it has delivered every finished request."""

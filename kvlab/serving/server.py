@@ -39,6 +39,7 @@ from .events import ServerEvents
 from .generator import KvlabModelProvider, KvlabResponseGenerator, cli_args
 from .handler import bind_handler
 from .ledger import Ledger
+from .prometheus import ServerMetrics
 from .record import Recorder
 
 log = logging.getLogger("kvlab.serving")
@@ -57,7 +58,8 @@ class _HTTPServer(ThreadingHTTPServer):
 
 class Server:
     """A running (or ready) ``kvlab serve``: ``url``, ``events`` (polars), ``stats()``, ``results``
-    (``kv.Result`` per finished request), ``store``, ``on_result(callback)``; ``stop()`` or use
+    (``kv.Result`` per finished request), ``store``, ``on_result(callback)``, ``metrics`` (what
+    ``GET /metrics`` answers: kvlab.serving.prometheus); ``stop()`` or use
     it as a context manager. Made by :func:`serve`."""
 
     keying = "prompt+output"  # mlx-lm caches prompt + output when a request finishes
@@ -99,6 +101,7 @@ class Server:
         self._stopped = threading.Event()
         self._done = threading.Event()  # stopped, or generation failed for good
         self.failure = None  # the GenerationError that ended generation for good
+        self.metrics = ServerMetrics(self)  # GET /metrics (kvlab.serving.prometheus)
 
     def _adapter(self, store, budget_bytes, block_size, max_size):
         """The store behind the reuse core: by name exactly what ``kv.make_store(name)`` builds."""
