@@ -31,15 +31,13 @@ from urllib.parse import parse_qs, urlsplit
 from mlx_lm.server import APIHandler
 
 from ..errors import DiagnosticsError, GenerationError, RequestError
-from . import anthropic, responses
+from . import anthropic, prometheus, responses
 from .response_writer import ResponsesWriter
 
 log = logging.getLogger("kvlab.serving")
 CHAT_ROUTES = ("/v1/chat/completions", "/chat/completions")
 POST_ROUTES = (*CHAT_ROUTES, "/v1/completions", "/v1/messages", "/v1/responses")
-GET_ROUTES = ("/v1/models", "/health", "/kvlab/stats", "/kvlab/events", "/kvlab/requests")
-
-GET_ROUTES += ("/metrics",)  # Prometheus text format (kvlab.serving.prometheus)
+GET_ROUTES = ("/v1/models", "/health", "/kvlab/stats", "/kvlab/events", "/kvlab/requests", "/metrics")
 
 
 class KvlabHandler(APIHandler):
@@ -66,8 +64,6 @@ class KvlabHandler(APIHandler):
         if not self._authorised(route):
             return
         if route == "/metrics":  # behind the API key like every route: scrapers send it as a bearer token
-            from . import prometheus
-
             return prometheus.write(self, self.kv.metrics)
         if route == "/kvlab/stats":
             return self._json(200, self.kv.stats())
