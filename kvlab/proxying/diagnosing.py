@@ -18,6 +18,8 @@ and put where the provider puts it: in a JSON response at the top level (``diagn
 ``response`` for the Responses API (where OpenAI's guide reads it). An id the proxy does not
 know (another proxy's, or forgotten) answers the providers' not-found type. Anthropic's null (no
 divergence) has no room for kvlab's detail: it then goes in a ``kvlab_diagnostics`` field beside.
+An upstream that answers diagnostics itself (kvlab serve) has both fields replaced: the client
+asked the proxy, which answers from what it saw.
 ``cached_tokens`` in the ``kvlab`` extension is what the upstream reported for this request,
 when it is known where the object is written (Anthropic's message_start carries it; a chat
 stream's first chunk does not: None there, see ``GET /kvlab/requests``).
@@ -152,6 +154,7 @@ def put(api: str, target: dict, answered: tuple) -> None:
     """Write ``answer(...)``'s pair into a response object ``target`` where the provider puts it."""
     obj, beside = answered
     target[FIELDS[api]] = obj
+    target.pop("kvlab_diagnostics", None)  # an upstream's own (kvlab serve's): the proxy answers instead
     if beside is not None:
         target["kvlab_diagnostics"] = beside
 
