@@ -26,6 +26,10 @@ import logging
 from http.server import BaseHTTPRequestHandler
 from urllib.parse import parse_qs, urlsplit
 
+from ..errors import DiagnosticsError
+from ..serving import prometheus
+from . import diagnosing
+
 log = logging.getLogger("kvlab.proxy")
 POST_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/responses")
 GET_ROUTES = ("/v1/models", "/health")
@@ -62,6 +66,8 @@ class ProxyHandler(BaseHTTPRequestHandler):
             if not since.isdigit():
                 return self._json(400, _error(route, f"since must be a row count (an integer >= 0), got {since!r}"))
             return self._json(200, self.px.tracker.listing(int(since)))
+        if route == "/metrics":  # the proxy's own, from its rows (an upstream's /metrics is not forwarded)
+            return prometheus.write(self, self.px.metrics)
         if route in GET_ROUTES:
             return self._relay(route, None, None)
         self._json(404, _error(route, f"unknown route GET {route}; the proxy forwards GET "
@@ -75,7 +81,11 @@ class ProxyHandler(BaseHTTPRequestHandler):
         if route not in POST_ROUTES:
             return self._json(404, _error(route, f"unknown route POST {route}; the proxy forwards POST "
                                           f"{', '.join(POST_ROUTES)}", "not_found_error"))
-        self._relay(route, raw, self.px.tracker.open(route, raw))
+        try:
+            question = diagnosing.asked(route, raw, self.headers)
+        except DiagnosticsError as e:
+            return self._json(400, _error(route, str(e)))
+        self._relay(route, raw, self.px.tracker.open(route, raw), question)
 
     def _other(self):
         self._body()
@@ -86,7 +96,7 @@ class ProxyHandler(BaseHTTPRequestHandler):
     do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _other
 
     # -- forwarding -------------------------------------------------------------------------------
-    def _relay(self, route: str, raw: bytes | None, ex) -> None:
+    def _relay(self, route: str, raw: bytes | None, ex, question=None) -> None:
         conn = self.px.connect()
         try:
             try:
@@ -100,14 +110,18 @@ class ProxyHandler(BaseHTTPRequestHandler):
                 if ex is not None:
                     self._finish(ex, status="upstream_unreachable", http_status=502, error=msg)
                 return
+            answer = None
+            if question is not None and resp.status == 200:
+                def answer(cached, ex=ex):
+                    return diagnosing.answer(self.px.fingerprints, self.px.tracker, ex, question, cached)
             if resp.status == 200 and "text/event-stream" in (resp.getheader("Content-Type") or ""):
-                self._stream(resp, ex)
+                self._stream(resp, ex, diagnosing.StreamInjector(question.api, answer) if answer else None)
             else:
-                self._whole(resp, route, ex)
+                self._whole(resp, route, ex, answer)
         finally:
             self.px.release(conn)
 
-    def _whole(self, resp, route, ex) -> None:
+    def _whole(self, resp, route, ex, answer=None) -> None:
         try:
             data = resp.read()
         except (OSError, http.client.HTTPException) as e:
@@ -124,6 +138,8 @@ class ProxyHandler(BaseHTTPRequestHandler):
             error = None if ok else data[:500].decode("utf-8", "replace")
             # the upstream ran the whole request: a client gone by now does not change its row
             self._finish(ex, status="ok" if ok else "error", http_status=resp.status, error=error)
+        if answer is not None:
+            data = diagnosing.inject_body(diagnosing.APIS[route], data, answer)
         try:
             self._head(resp, [("Content-Length", str(len(data)))])
             self.wfile.write(data)
@@ -131,7 +147,7 @@ class ProxyHandler(BaseHTTPRequestHandler):
         except OSError:
             self.close_connection = True
 
-    def _stream(self, resp, ex) -> None:
+    def _stream(self, resp, ex, injector=None) -> None:
         gone = broke = None
         chunked = self.request_version != "HTTP/1.0"  # an HTTP/1.0 client reads until the close
         self.close_connection = self.close_connection or not chunked
@@ -149,8 +165,12 @@ class ProxyHandler(BaseHTTPRequestHandler):
                 break
             if ex is not None and ex.watch.feed(chunk):
                 ex.output_seen()
+                self.px.metrics.output(ex.id)  # ITL at the proxy (kvlab.serving.prometheus)
+            if injector is not None:
+                chunk = injector.feed(chunk)  # holds bytes back until the event it rewrites is whole
             try:
-                self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk) if chunked else chunk)
+                if chunk:
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk) if chunked else chunk)
             except OSError as e:
                 gone = e
         if gone is None and not self.px.running:
@@ -163,9 +183,11 @@ class ProxyHandler(BaseHTTPRequestHandler):
                       "stopped" if not self.px.running else "upstream_error")
             self._finish(ex, status=status, http_status=resp.status,
                          error=None if status == "ok" else _cause(gone or broke))
-        if gone is None and broke is None and chunked:
+        rest = injector.flush() if injector is not None and gone is None else b""
+        if gone is None and broke is None and (chunked or rest):
             try:  # the row exists before the client sees the end of the stream
-                self.wfile.write(b"0\r\n\r\n")
+                self.wfile.write((b"%x\r\n%s\r\n0\r\n\r\n" % (len(rest), rest) if rest else b"0\r\n\r\n")
+                                 if chunked else rest)
             except OSError:
                 self.close_connection = True
         # a broken stream ends without its last chunk: the client sees it was cut, not finished

@@ -25,11 +25,15 @@ import threading
 from http.server import ThreadingHTTPServer
 from urllib.parse import urlsplit
 
+from ..diagnostics import FingerprintLog
 from ..errors import KvlabError
 from ..primitives.display import summary_html, table_html
+from ..serving.prometheus import ProxyMetrics
+from . import diagnosing
 from .conversation import RAN, Tracker, jsonable
 from .forward import bind_handler
 from .recording import ProxyRecorder
+from .view import LiveView
 
 log = logging.getLogger("kvlab.proxy")
 
@@ -62,7 +66,8 @@ class _HTTPS(_Keep, http.client.HTTPSConnection):
 
 class Proxy:
     """A running (or ready) proxy: ``url``, ``upstream``, ``requests`` (rows), ``requests_frame()``
-    (polars), ``wait(n)``, ``tracker``, ``recorder``; ``stop()`` or use it as a context manager.
+    (polars), ``wait(n)``, ``tracker``, ``recorder``, ``metrics`` (``GET /metrics``); ``stop()`` or use it
+    as a context manager.
     ``tokenizer``: a kvlab model name or folder (loaded with ``kv.load``), a loaded model or a
     tokenizer, for token ids; ``diagnose(previous, current)``: the structural-diagnosis hook (see
     kvlab.proxying.conversation). Made by :func:`proxy`."""
@@ -73,7 +78,12 @@ class Proxy:
         self.upstream, self._scheme, self._netloc, self.base_path = _parse_upstream(upstream)
         self.host, self.port, self.timeout = host, int(port), float(timeout)
         self.tokenizer = _tokenizer(tokenizer)
-        self.tracker = Tracker(self.tokenizer, diagnose=diagnose, min_common=min_common, history=history)
+        self.tracker = Tracker(self.tokenizer, diagnose=diagnose or diagnosing.structural, min_common=min_common,
+                               history=history)
+        self.metrics = ProxyMetrics(self.tracker)  # GET /metrics (kvlab.serving.prometheus)
+        self.fingerprints = FingerprintLog(max_entries=history)  # responses a client may compare with
+        self.view = LiveView()  # what kv.Inspector reads
+        self.store = None  # the proxy holds no cache: the upstream does
         self.recorder = (ProxyRecorder(record, record_text=record_text, block_size=block_size)
                          if record else None)
         self._lock = threading.Lock()
@@ -153,6 +163,10 @@ class Proxy:
     def finish(self, ex, **kw) -> dict:
         """Make ``ex``'s row and, for a request the upstream ran, record it."""
         row = self.tracker.close(ex, **kw)
+        self.metrics.finished(ex.id, row["status"])
+        if row["status"] in RAN:
+            diagnosing.remember(self.fingerprints, self.tracker, ex, row["response_id"])
+            self.view.add(self, row, self.tracker.ids(ex) if self.tokenizer is not None else None)
         if self.recorder is not None and row["status"] in RAN:
             ids = self.tracker.ids(ex) if self.tokenizer is not None else None
             rec = {**row, "upstream": self.upstream, "prompt_ids": None if ids is None else list(ids),
@@ -186,6 +200,27 @@ class Proxy:
             >>> p.requests_frame().select("id", "extends", "diverged_at", "reused_tokens")
         """
         return self.tracker.frame()
+
+    # -- what kv.Inspector reads (kvlab.proxying.view) ----------------------------------------------
+    @property
+    def results(self) -> list:
+        """One ``kv.Result`` per request the upstream ran (reused: what it reported)."""
+        return list(self.view.results)
+
+    @property
+    def events(self):
+        return self.view.events
+
+    def stats(self) -> dict:
+        return {**self.view.stats(), "url": self.url, "upstream": self.upstream}
+
+    def on_result(self, callback) -> None:
+        """Call ``callback(proxy, result)`` after every finished request, on a listener thread."""
+        self.view.on_result(callback)
+
+    @property
+    def model(self):
+        return self.tokenizer
 
     def wait(self, n: int, timeout: float = 60.0) -> list[dict]:
         """Block until ``n`` requests have rows (KvlabError after ``timeout`` s)."""

@@ -9,7 +9,9 @@ and a ``MessagesWriter`` stands in for the handler's output: it reads mlx-lm's c
 Anthropic's response, either one JSON message or the SSE events ``message_start``,
 ``content_block_start``, ``content_block_delta``, ``content_block_stop``, ``message_delta`` and
 ``message_stop`` (``ping`` for mlx-lm's prefill keepalives). Usage: ``input_tokens`` is the
-prompt minus what the prompt cache served, ``cache_read_input_tokens`` what it served.
+prompt minus what the prompt cache served, ``cache_read_input_tokens`` what it served. A request
+with a ``diagnostics`` object gets ``diagnostics`` (and kvlab's ``kvlab_diagnostics`` beside a
+null) on the message, streamed on ``message_start``'s (kvlab.serving.diagnosing).
 
 Example:
     >>> chat = to_chat({"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "Hi"}]})
@@ -123,7 +125,8 @@ class MessagesWriter:
     """The handler's ``wfile`` while mlx-lm serves a translated Messages request (module docstring).
 
     ``handler`` provides ``kv_status`` (what mlx-lm set), ``kv_send_headers(code, headers)``,
-    ``kv_real_wfile`` and ``kv_usage()`` -> (prompt tokens, cached tokens)."""
+    ``kv_real_wfile``, ``kv_usage()`` -> (prompt tokens, cached tokens) and ``kv_diagnostics()``
+    -> the diagnostics fields to add to the message (read once, before its first byte)."""
 
     def __init__(self, handler, *, stream: bool, model: str):
         self.h, self.stream, self.model = handler, bool(stream), model
@@ -134,6 +137,7 @@ class MessagesWriter:
         self.output_tokens = 0
         self.started = self.finished = False
         self.error = b""
+        self.extra: dict = {}  # the diagnostics fields, if the request asked
 
     # -- what mlx-lm writes -----------------------------------------------------------------------
     def write(self, data: bytes) -> int:
@@ -181,12 +185,13 @@ class MessagesWriter:
     def _message(self) -> dict:
         return {"id": self.id, "type": "message", "role": "assistant", "model": self.model,
                 "content": self.blocks, "stop_reason": self.stop_reason, "stop_sequence": None,
-                "usage": self._usage()}
+                "usage": self._usage(), **self.extra}
 
     def _start(self) -> None:
         if self.started:
             return
         self.started = True
+        self.extra = self.h.kv_diagnostics()
         if self.stream:
             self.h.kv_send_headers(200, [("Content-Type", "text/event-stream"), ("Cache-Control", "no-cache")])
             self._send("message_start", {"type": "message_start",

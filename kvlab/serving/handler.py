@@ -3,8 +3,11 @@
 mlx-lm's routes (``/v1/chat/completions``, ``/chat/completions``, ``/v1/completions``,
 ``/v1/models``, ``/health``) run its own code. Added: an API key checked before every route
 (``Authorization: Bearer KEY`` or ``x-api-key: KEY``; 401 with a JSON error otherwise),
-``GET /kvlab/stats``, ``GET /kvlab/events?since=N``, ``POST /v1/messages`` (Anthropic, see
-kvlab.serving.anthropic), JSON 404s for unknown routes, a 400 for an empty or malformed message
+``GET /kvlab/stats``, ``GET /kvlab/events?since=N``, ``GET /kvlab/requests?since=N`` (one row per
+finished request: kvlab.serving.diagnosing), the providers' cache diagnostics on chat completions
+and ``/v1/messages`` (a malformed diagnostics object is a 400), ``POST /v1/messages`` (Anthropic, see
+kvlab.serving.anthropic), ``POST /v1/responses`` (OpenAI Responses, kvlab.serving.responses),
+JSON 404s for unknown routes, a 400 for an empty or malformed message
 list, kvlab's normalisation of messages (``--normalise``) and a 400 instead of mlx-lm's 404 when a
 request is refused for what it asks (a prompt over the context). A request body is read once
 here, checked, possibly rewritten, and handed to mlx-lm's ``do_POST`` as if it came off the wire.
@@ -27,13 +30,14 @@ from urllib.parse import parse_qs, urlsplit
 
 from mlx_lm.server import APIHandler
 
-from ..errors import GenerationError, RequestError
-from . import anthropic
+from ..errors import DiagnosticsError, GenerationError, RequestError
+from . import anthropic, prometheus, responses
+from .response_writer import ResponsesWriter
 
 log = logging.getLogger("kvlab.serving")
 CHAT_ROUTES = ("/v1/chat/completions", "/chat/completions")
-POST_ROUTES = (*CHAT_ROUTES, "/v1/completions", "/v1/messages")
-GET_ROUTES = ("/v1/models", "/health", "/kvlab/stats", "/kvlab/events")
+POST_ROUTES = (*CHAT_ROUTES, "/v1/completions", "/v1/messages", "/v1/responses")
+GET_ROUTES = ("/v1/models", "/health", "/kvlab/stats", "/kvlab/events", "/kvlab/requests", "/metrics")
 
 
 class KvlabHandler(APIHandler):
@@ -59,14 +63,20 @@ class KvlabHandler(APIHandler):
         route = urlsplit(self.path).path
         if not self._authorised(route):
             return
+        if route == "/metrics":  # behind the API key like every route: scrapers send it as a bearer token
+            return prometheus.write(self, self.kv.metrics)
         if route == "/kvlab/stats":
             return self._json(200, self.kv.stats())
-        if route == "/kvlab/events":
+        if route in ("/kvlab/events", "/kvlab/requests"):
             query = parse_qs(urlsplit(self.path).query)
             try:
                 since = int(query.get("since", ["0"])[0])
             except ValueError:
-                return self._json(400, _error("since must be an integer event number"))
+                what = "event" if route == "/kvlab/events" else "request row"
+                return self._json(400, _error(f"since must be an integer {what} number"))
+            if route == "/kvlab/requests":
+                rows = self.kv.ledger.rows_since(since)
+                return self._json(200, {"requests": rows, "next": max(since, 0) + len(rows)})
             events = self.kv.events_log.since(since)
             return self._json(200, {"events": events, "next": self.kv.events_log.next_seq})
         if route in GET_ROUTES:
@@ -82,15 +92,21 @@ class KvlabHandler(APIHandler):
             return self._json(404, _error(f"unknown route POST {route}; POST routes: "
                                           f"{', '.join(POST_ROUTES)}", "not_found_error"))
         self.kv_rid = self.kv_request = None
-        self.kv_anthropic = None
+        self.kv_anthropic = self.kv_diag = self.kv_live = None
         body = self._read_body()
         try:
             if route == "/v1/messages":
                 return self._messages(body)
+            if route == "/v1/responses":
+                return self._responses(body)
             if route in CHAT_ROUTES and isinstance(body, dict):
                 problem = _check_messages(body.get("messages"))
                 if problem:
                     return self._json(400, _error(problem))
+                try:
+                    self.kv_diag = self.kv.diagnostics.request(body, "chat")
+                except DiagnosticsError as e:
+                    return self._json(400, _error(str(e)))
             if isinstance(body, dict):
                 self._rewrite(body)
             self._forward(body, route)
@@ -101,7 +117,8 @@ class KvlabHandler(APIHandler):
     # -- mlx-lm's request factories: open the request in the ledger -------------------------------
     def handle_chat_completions(self):
         request = super().handle_chat_completions()
-        return self._open(request, "messages" if self.kv_anthropic else "chat", request.messages)
+        api = getattr(self.kv_anthropic, "api", "messages") if self.kv_anthropic else "chat"
+        return self._open(request, api, request.messages)
 
     def handle_text_completions(self):
         request = super().handle_text_completions()
@@ -109,10 +126,24 @@ class KvlabHandler(APIHandler):
 
     def _open(self, request, api, messages):
         stream = self.kv_anthropic.stream if self.kv_anthropic is not None else self.stream
+        response_id = self.kv_anthropic.id if self.kv_anthropic is not None else self.request_id
         rid = self.kv.ledger.open(api=api, stream=bool(stream), normalised=self.kv.normalise,
-                                  messages=messages if self.kv.record_text else None)
+                                  messages=messages if self.kv.record_text else None, response_id=response_id)
         request.kvlab_rid, self.kv_rid, self.kv_request = rid, rid, request
+        self.kv_live = self.kv.ledger.live(rid)
         return request
+
+    # -- cache diagnostics: computed once, before the response's first byte ------------------------
+    def generate_response(self, *args, **kwargs) -> dict:
+        resp = super().generate_response(*args, **kwargs)
+        if self.kv_anthropic is None and getattr(self, "kv_diag", None) is not None:
+            resp.update(self.kv_diagnostics())  # the whole completion, or the first chunk
+        return resp
+
+    def kv_diagnostics(self) -> dict:
+        """The diagnostics fields for this response, once (kvlab.serving.diagnosing)."""
+        pending, self.kv_diag = self.kv_diag, None
+        return self.kv.diagnostics.answer(pending, self.kv_live)
 
     # -- headers: kvlab's status for kvlab's refusals, deferred headers for /v1/messages -----------
     def handle_completion(self, request, stop_words):
@@ -234,9 +265,47 @@ class KvlabHandler(APIHandler):
             chat = anthropic.to_chat(body)
         except anthropic.MessagesError as e:
             return self._json(e.status, anthropic.error_body(str(e), e.kind))
+        try:
+            self.kv_diag = self.kv.diagnostics.request(body, "anthropic", self.headers)
+        except DiagnosticsError as e:
+            return self._json(400, anthropic.error_body(str(e)))
         self._rewrite(chat)
         writer = anthropic.MessagesWriter(self, stream=bool(body.get("stream")),
                                           model=str(body.get("model", "kvlab")))
+        self.kv_anthropic, self.kv_status, self.kv_real_wfile = writer, 200, self.wfile
+        self.wfile = writer
+        try:
+            self._forward(chat, "/v1/chat/completions")
+        finally:
+            self.wfile = self.kv_real_wfile
+            try:
+                writer.close()
+            finally:
+                self.kv_anthropic = None
+
+    def _responses(self, body) -> None:
+        """POST /v1/responses: translated to chat; a ResponsesWriter takes the writer slot that
+        /v1/messages uses, and asks for the ``prompt_cache_diagnostics`` as the response starts
+        (computed once: kvlab.serving.diagnosing; the request is remembered under its id then)."""
+        if body is None:
+            return self._json(400, responses.error_body("the request body must be JSON"))
+        try:
+            chat = responses.to_chat(body)
+        except responses.ResponsesError as e:
+            return self._json(e.status, responses.error_body(str(e), e.kind, e.param))
+        try:
+            self.kv_diag = self.kv.diagnostics.request(body, "responses")
+        except DiagnosticsError as e:
+            return self._json(400, responses.error_body(str(e), param="prompt_cache_options"))
+        answered = {}
+
+        def diagnostics():
+            if "value" not in answered:
+                answered["value"] = self.kv_diagnostics().get("prompt_cache_diagnostics")
+            return answered["value"]
+
+        self._rewrite(chat)
+        writer = ResponsesWriter(self, body, diagnostics=diagnostics)
         self.kv_anthropic, self.kv_status, self.kv_real_wfile = writer, 200, self.wfile
         self.wfile = writer
         try:

@@ -22,6 +22,7 @@ import time
 
 from ..primitives.display import summary_html
 from ..result import Result, hit_rates
+from .diagnosing import request_row
 
 log = logging.getLogger("kvlab.serving")
 RECORDED = ("ok", "disconnected")  # statuses written to the recording: the request ran
@@ -37,6 +38,7 @@ class Ledger:
         self.recorder = recorder
         self.meta = dict(meta or {})
         self.results: list[Result] = []
+        self.rows: list[dict] = []  # one /kvlab/requests row per finished request, in finish order
         self.failed = 0
         self._open: dict[int, dict] = {}
         self._ids = itertools.count(1)
@@ -47,13 +49,14 @@ class Ledger:
         self._notifier.start()
 
     # -- the HTTP thread --------------------------------------------------------------------------
-    def open(self, *, api: str, stream: bool, messages=None, normalised: bool = False) -> int:
+    def open(self, *, api: str, stream: bool, messages=None, normalised: bool = False,
+             response_id: str | None = None) -> int:
         rid = next(self._ids)
         with self._lock:
             self._open[rid] = {"arrival": time.time(), "t0": time.perf_counter(), "api": api,
                                "stream": bool(stream), "messages": messages, "normalised": normalised,
                                "prompt": None, "reused": 0, "first": None, "tokens": [],
-                               "finish_reason": None}
+                               "finish_reason": None, "response_id": response_id, "lookup": None}
         self.events.add("arrive", request=rid, detail=api)
         return rid
 
@@ -64,10 +67,21 @@ class Ledger:
                 self._open[rid]["prompt"] = tuple(prompt)
 
     def admitted(self, rid, ctx) -> None:
+        # the lookup is done (the context is passed on only after it): keep what it found for
+        # the handler's diagnostics, which may run after done() took the adapter's copy
+        with self.adapter.lock:
+            lookup = dict(self.adapter.requests.get(rid) or {})
         with self._lock:
             if rid in self._open:
                 self._open[rid]["reused"] = max(0, int(ctx.prompt_cache_count))
                 self._open[rid]["prompt"] = tuple(ctx.prompt)
+                self._open[rid]["lookup"] = lookup
+
+    def live(self, rid) -> dict | None:
+        """Request ``rid``'s own record while it runs (the same dict stays readable after it
+        finishes): the handler reads its prompt ids and lookup from it."""
+        with self._lock:
+            return self._open.get(rid)
 
     def token(self, rid, response) -> None:
         first = False
@@ -82,6 +96,8 @@ class Ledger:
                 r["finish_reason"] = response.finish_reason
         if first:
             self.events.add("first_token", request=rid)
+        if self.on_token is not None:
+            self.on_token(rid, response)
 
     # -- either thread ----------------------------------------------------------------------------
     def done(self, rid, status: str = "ok", error: str | None = None) -> Result | None:
@@ -105,6 +121,7 @@ class Ledger:
         rec = self._record(rid, r, info, result, status, end)
         with self._lock:
             self.results.append(result)
+            self.rows.append(request_row(len(self.rows), result, r["api"], r["response_id"], r["stream"]))
         if self.recorder is not None:
             try:
                 self.recorder.write(rec)
@@ -154,11 +171,17 @@ class Ledger:
                     log.warning("kvlab serve: on_result listener failed: %s", e)
 
     owner = None  # what listeners receive as their first argument (the Server)
+    on_token = None  # called (rid, response) on the generation thread for each token (ITL)
 
     def close(self) -> None:
         """Stop the listener thread after it has delivered every finished request."""
         self._notify.put(None)
         self._notifier.join(timeout=30)
+
+    def rows_since(self, since: int = 0) -> list[dict]:
+        """The ``/kvlab/requests`` rows from number ``since`` on (per request, not cumulative)."""
+        with self._lock:
+            return self.rows[max(0, since):]
 
     def finished(self) -> list[Result]:
         with self._lock:

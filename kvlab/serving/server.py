@@ -34,10 +34,12 @@ from ..primitives.display import summary_html, table_html
 from ..primitives.units import fmt_bytes, parse_bytes
 from .adapter import StoreAdapter
 from .checkpointing import ServedCheckpoints
+from .diagnosing import ServedDiagnostics
 from .events import ServerEvents
 from .generator import KvlabModelProvider, KvlabResponseGenerator, cli_args
 from .handler import bind_handler
 from .ledger import Ledger
+from .prometheus import ServerMetrics
 from .record import Recorder
 
 log = logging.getLogger("kvlab.serving")
@@ -56,7 +58,8 @@ class _HTTPServer(ThreadingHTTPServer):
 
 class Server:
     """A running (or ready) ``kvlab serve``: ``url``, ``events`` (polars), ``stats()``, ``results``
-    (``kv.Result`` per finished request), ``store``, ``on_result(callback)``; ``stop()`` or use
+    (``kv.Result`` per finished request), ``store``, ``on_result(callback)``, ``metrics`` (what
+    ``GET /metrics`` answers: kvlab.serving.prometheus); ``stop()`` or use
     it as a context manager. Made by :func:`serve`."""
 
     keying = "prompt+output"  # mlx-lm caches prompt + output when a request finishes
@@ -88,6 +91,8 @@ class Server:
                 "fingerprint": self.model.fingerprint}
         self.ledger = Ledger(self.adapter, self.events_log, self.model, recorder=self.recorder, meta=meta)
         self.ledger.owner = self
+        # what cache diagnostics compare with: each answered request under its response id
+        self.diagnostics = ServedDiagnostics(self.model, self.store_name, store=self.adapter.store)
         self._limits = dict(max_tokens=max_tokens, decode_concurrency=decode_concurrency,
                             prompt_concurrency=prompt_concurrency, prompt_cache_size=max_size)
         self.connections: set = set()
@@ -96,6 +101,7 @@ class Server:
         self._stopped = threading.Event()
         self._done = threading.Event()  # stopped, or generation failed for good
         self.failure = None  # the GenerationError that ended generation for good
+        self.metrics = ServerMetrics(self)  # GET /metrics (kvlab.serving.prometheus)
 
     def _adapter(self, store, budget_bytes, block_size, max_size):
         """The store behind the reuse core: by name exactly what ``kv.make_store(name)`` builds."""
@@ -214,6 +220,11 @@ class Server:
     @property
     def results(self) -> list:
         return self.ledger.finished()
+
+    def requests(self, since: int = 0) -> list[dict]:
+        """One row per finished request from number ``since`` on (what ``GET /kvlab/requests``
+        answers): its ids, API, prompt / reused / missed tokens, miss reasons and TTFT."""
+        return self.ledger.rows_since(since)
 
     def on_result(self, callback) -> None:
         """Call ``callback(server, result)`` after every finished request, on a listener thread."""
