@@ -264,8 +264,9 @@ def serve(model="tiny", store="radix", **kwargs) -> Server:
     Keywords: ``budget`` ("1GiB" or bytes), ``host`` (127.0.0.1), ``port`` (0: free),
     ``record`` (JSONL path), ``record_text``, ``normalise`` (True: ``kv.DEFAULT_RULES``; or a
     sequence of normalisation Rules), ``api_key``, ``block_size`` (paged store and recorded kvlab
-    hash ids), ``max_size`` (mlx-lru entries), ``max_tokens`` (default per request), ``decode_concurrency``, ``prompt_concurrency``, ``checkpoints`` (where
-    prefill stops to snapshot: a ``kvlab.checkpoints`` spec; default ``segment_ends``, mlx-lm's).
+    hash ids), ``max_size`` (mlx-lru entries), ``max_tokens`` (default per request),
+    ``decode_concurrency``, ``prompt_concurrency``, ``checkpoints`` (where prefill stops to
+    snapshot: a ``kvlab.checkpoints`` spec; default ``segment_ends``, mlx-lm's).
 
     Example:
         >>> with kv.serve("tiny", "paged", budget="64MiB") as server:
