@@ -73,6 +73,8 @@ class Sender:
         extra = dict(self.extra_body)
         if turn.endpoint == "chat":
             kw["messages"] = turn.with_replies(replies)
+            if turn.tools:
+                kw["tools"] = list(turn.tools)
             api = self.client.chat.completions
             if self.record_tokens:
                 kw.update(logprobs=True, top_logprobs=2)

@@ -244,7 +244,7 @@ class KvlabHandler(APIHandler):
         if self.kv.normalise and isinstance(body.get("messages"), list):
             from ..primitives.normalisation import normalise
 
-            body["messages"] = normalise(body["messages"])
+            body["messages"] = normalise(body["messages"], self.kv.normalise_rules)
 
     def _forward(self, body, route: str) -> None:
         """Run mlx-lm's do_POST on ``body`` (or the raw bytes when they were not JSON)."""

@@ -77,6 +77,8 @@ class Server:
         self.model = model if isinstance(model, Model) else load(model)
         self.host, self.port = host, int(port)
         self.normalise, self.record_text = bool(normalise), bool(record_text)
+        # normalise=True: kv.DEFAULT_RULES; a sequence of kv Rules: those rules instead
+        self.normalise_rules = None if isinstance(normalise, bool) else tuple(normalise)
         self.api_key = api_key if api_key is not None else os.environ.get(ENV_KEY) or None
         budget_bytes = None if budget is None else parse_bytes(budget)
         self.events_log = ServerEvents()
@@ -271,10 +273,11 @@ def serve(model="tiny", store="radix", **kwargs) -> Server:
     started; use it as a context manager so it stops (threads joined, port freed).
 
     Keywords: ``budget`` ("1GiB" or bytes), ``host`` (127.0.0.1), ``port`` (0: free),
-    ``record`` (JSONL path), ``record_text``, ``normalise``, ``api_key``, ``block_size``
-    (paged store and recorded kvlab hash ids), ``max_size`` (mlx-lru entries), ``max_tokens``
-    (default per request), ``decode_concurrency``, ``prompt_concurrency``, ``checkpoints`` (where
-    prefill stops to snapshot: a ``kvlab.checkpoints`` spec; default ``segment_ends``, mlx-lm's).
+    ``record`` (JSONL path), ``record_text``, ``normalise`` (True: ``kv.DEFAULT_RULES``; or a
+    sequence of normalisation Rules), ``api_key``, ``block_size`` (paged store and recorded kvlab
+    hash ids), ``max_size`` (mlx-lru entries), ``max_tokens`` (default per request),
+    ``decode_concurrency``, ``prompt_concurrency``, ``checkpoints`` (where prefill stops to
+    snapshot: a ``kvlab.checkpoints`` spec; default ``segment_ends``, mlx-lm's).
 
     Example:
         >>> with kv.serve("tiny", "paged", budget="64MiB") as server:

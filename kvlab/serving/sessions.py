@@ -44,14 +44,18 @@ _SAFE = re.compile(r"^[\u0120\u2581][a-z]{3,10}$")  # byte-level "Ġword" / sent
 
 @dataclass(frozen=True, eq=False)
 class Turn:
-    """One request: chat ``messages`` (assistant messages are slots for earlier replies) or a
-    completions ``prompt`` (with the token ``ids`` it must encode to, when known)."""
+    """One request: chat ``messages`` (assistant messages are slots for earlier replies, unless
+    ``as_recorded``: a workload's standalone request, sent exactly as written) or a completions
+    ``prompt`` (with the token ``ids`` it must encode to, when known); ``tools`` go with a chat
+    request."""
 
     name: str
     max_tokens: int
     messages: tuple[dict, ...] | None = None
     prompt: str | None = None
     ids: tuple[int, ...] | None = None
+    tools: tuple[dict, ...] | None = None
+    as_recorded: bool = False
 
     @property
     def endpoint(self) -> str:
@@ -59,6 +63,8 @@ class Turn:
 
     def with_replies(self, replies: list[str]) -> list[dict]:
         """The messages to send: the k-th assistant message replaced by the k-th real reply."""
+        if self.as_recorded:  # a standalone request's history is part of what it measures
+            return [dict(m) for m in self.messages]
         slots = [i for i, m in enumerate(self.messages) if m.get("role") == "assistant"]
         if len(slots) != len(replies):
             raise RequestError(f"turn {self.name!r} has {len(slots)} assistant messages but the "
@@ -116,7 +122,7 @@ def sessions_for(workload, *, tokenizer=None, users: int = 8, seed: int = 0, tim
     if isinstance(workload, Workload):
         if workload.name in CHAT_SESSIONS:
             return [Session(0, tuple(_turn(r, tokenizer) for r in workload.requests))]
-        return [Session(i, (_turn(r, tokenizer),)) for i, r in enumerate(workload.requests)]
+        return [Session(i, (_turn(r, tokenizer, as_recorded=True),)) for i, r in enumerate(workload.requests)]
     if workload not in WORKLOADS:
         raise RequestError(f"unknown workload {workload!r}; use one of {', '.join(WORKLOADS)}, a "
                            "kv.Workload, or the path of a Mooncake trace (.jsonl)")
@@ -139,11 +145,11 @@ def sessions_for(workload, *, tokenizer=None, users: int = 8, seed: int = 0, tim
     return [Session(i, (_turn(r, tokenizer),)) for i, r in enumerate(wl.requests)]
 
 
-def _turn(r: Request, tokenizer) -> Turn:
+def _turn(r: Request, tokenizer, as_recorded: bool = False) -> Turn:
     if r.messages is not None:
         if r.has_images:
             raise RequestError(f"request {r.name!r} carries images; kvlab loadgen sends text only")
-        return Turn(r.name, int(r.max_tokens), messages=r.messages)
+        return Turn(r.name, int(r.max_tokens), messages=r.messages, tools=r.tools, as_recorded=as_recorded)
     if tokenizer is None:
         raise RequestError(f"request {r.name!r} is token ids; pass tokenizer= so they can be sent "
                            "as text the server encodes back to the same ids")

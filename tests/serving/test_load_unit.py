@@ -5,6 +5,7 @@ prefill-time fit."""
 from __future__ import annotations
 
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import polars as pl
@@ -12,7 +13,7 @@ import pytest
 
 import kvlab as kv
 from kvlab.errors import RequestError, TraceError
-from kvlab.serving import loadgen, metrics, savings, sessions
+from kvlab.serving import client, loadgen, metrics, savings, sessions
 
 
 # --------------------------------------------------------------------------------- metrics
@@ -137,6 +138,23 @@ def test_chat_sessions_send_the_real_replies_back():
     assert [m for m in third if m["role"] != "assistant"] == [m for m in canned if m["role"] != "assistant"]
     with pytest.raises(RequestError, match="earlier replies"):
         ss[0].turns[2].with_replies(["only one"])
+
+
+def test_a_workloads_standalone_requests_go_as_recorded_with_their_tools():
+    from kvlab.workloads import CAUSES
+
+    wl = CAUSES["tools_reordered"].generate(turns=3)
+    ss = sessions.sessions_for(wl)
+    assert [len(s.turns) for s in ss] == [1, 1, 1]  # one request each, in the workload's order
+    third = ss[2].turns[0]
+    # the canned history (assistant tool calls included) is what the request measures
+    assert third.with_replies([]) == [dict(m) for m in wl[2].messages]
+    assert third.tools == wl[2].tools and [t["function"]["name"] for t in third.tools] == \
+        [t["function"]["name"] for t in wl[2].tools]
+    stub = SimpleNamespace(chat=SimpleNamespace(completions=None), completions=None)  # no network
+    send = client.Sender(stub, "m")
+    _, kw = send._args(third, [])
+    assert kw["tools"] == list(wl[2].tools) and kw["messages"] == [dict(m) for m in wl[2].messages]
 
 
 def test_single_turn_workloads_and_their_errors(qwen_tokenizer):
