@@ -174,19 +174,24 @@ figure
 # %% [markdown]
 # ## 2 · Per cause: hit rate before -> after on each path, and the diagnosis
 #
-# Hit rates here are per token over the turns after the first (turn 1 is cold on every run).
+# Hit rates here are per token over the turns after the first (turn 1 is cold on every run);
+# `prefilled` is what the server computed on those turns (prompt minus reused tokens): a fix that
+# makes prompts longer (keeping history, sending reasoning back) can raise the hit rate and the
+# prefill together, so both are shown.
 # `diagnosed` is the proxy's type at the first request whose structure changed (the same client
 # traffic reaches both servers, so both paths' proxies diagnose it alike).
 
 # %%
 warm = results.filter(pl.col("turn") > 1)
 rates = (warm.group_by("cause", "path", "phase")
-         .agg((pl.col("reused_tokens").sum() / pl.col("prompt_tokens").sum()).alias("rate")))
+         .agg((pl.col("reused_tokens").sum() / pl.col("prompt_tokens").sum()).alias("rate"),
+              pl.col("reused_tokens").sum().alias("reused"),
+              (pl.col("prompt_tokens") - pl.col("reused_tokens")).sum().alias("prefilled")))
 
 
-def rate(name, path, phase):
+def rate(name, path, phase, what="rate"):
     r = rates.filter((pl.col("cause") == name) & (pl.col("path") == path) & (pl.col("phase") == phase))
-    return r["rate"].item() if r.height else None
+    return r[what].item() if r.height else None
 
 
 def diagnosed(name):
@@ -203,13 +208,15 @@ def pct(x):
 summary = pl.DataFrame([{
     "cause": name, "fix": f"{CAUSES[name].fix.side}: {CAUSES[name].fix.summary}",
     "kvlab before": rate(name, "kvlab serve", "before"), "kvlab after": rate(name, "kvlab serve", "after"),
+    "kvlab prefilled before": rate(name, "kvlab serve", "before", "prefilled"),
+    "kvlab prefilled after": rate(name, "kvlab serve", "after", "prefilled"),
     "mlx_lm before": rate(name, "mlx_lm.server", "before"), "mlx_lm after": rate(name, "mlx_lm.server", "after"),
     "expected": CAUSES[name].expected or "no structural change",
     "diagnosed": diagnosed(name) or "no structural change",
 } for name in causes], schema_overrides={"mlx_lm before": pl.Float64, "mlx_lm after": pl.Float64})
 summary = summary.with_columns((pl.col("expected") == pl.col("diagnosed")).alias("match"),
                                (pl.col("kvlab after") - pl.col("kvlab before")).alias("kvlab recovered"))
-summary.with_columns(pl.col("^(kvlab|mlx_lm) .*$").map_elements(pct, return_dtype=pl.Utf8))
+summary.with_columns(pl.col("^(kvlab|mlx_lm) (before|after|recovered)$").map_elements(pct, return_dtype=pl.Utf8))
 
 # %% [markdown]
 # ## Finding
@@ -224,7 +231,17 @@ diagnosis = ("every diagnosis named the expected type" if not missed else
                                                  f"{r['diagnosed']})" for r in missed))
 flat = [r["cause"] for r in summary.iter_rows(named=True)
         if r["cause"] != "idle_gap" and r["kvlab recovered"] <= 0]
-flat_text = (f" The fix recovered nothing for {', '.join(flat)} on {model}." if flat else "")
+flat_text = (f" The fix raised no hit rate for {', '.join(flat)} on {model}." if flat else "")
+costlier = [r for r in summary.iter_rows(named=True)
+            if r["kvlab prefilled after"] > r["kvlab prefilled before"]]
+WHY_COSTLIER = {"compaction": " (on a prefix cache the system prompt and tools stay cached through a "
+                               "compaction, so it costs only the summary, while keeping the history makes "
+                               "every later prompt longer)"}
+flat_text += "".join(
+    f" {r['cause']}: the fix reuses {rate(r['cause'], 'kvlab serve', 'after', 'reused')} tokens instead of "
+    f"{rate(r['cause'], 'kvlab serve', 'before', 'reused')} but prefills {r['kvlab prefilled after']} instead of "
+    f"{r['kvlab prefilled before']}{WHY_COSTLIER.get(r['cause'], ' (its prompts are longer)')}."
+    for r in costlier)
 if mlx_lm_causes:
     client = [r for r in summary.iter_rows(named=True)
               if r["mlx_lm after"] is not None and r["cause"] != "idle_gap"]

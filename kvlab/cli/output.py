@@ -17,3 +17,22 @@ def print_result(obj: dict, as_json: bool) -> None:
         return
     for k, v in obj.items():
         print(f"{k:>24}: {v}")
+
+
+def in_foreground(service, banner: str, wait) -> None:
+    """Print ``banner``, block in ``wait()`` until Ctrl-C, SIGTERM or ``wait`` returns, then stop
+    ``service`` (always: its port freed, its recording closed)."""
+    import signal
+
+    def stop(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    print(banner, flush=True)
+    try:
+        wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        service.stop()

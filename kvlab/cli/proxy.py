@@ -8,8 +8,9 @@ Example:
 
 from __future__ import annotations
 
-import signal
 import sys
+
+from .output import in_foreground
 
 
 def register(sub) -> None:
@@ -32,23 +33,11 @@ def run(args) -> int:
 
     px = Proxy(args.upstream, host=args.host, port=args.port, record=args.record,
                record_text=args.record_text, tokenizer=args.model, timeout=args.timeout).start()
-
-    def stop(signum, frame):
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, stop)
-    print(f"kvlab proxy: {px.url} -> {px.upstream}"
-          f"{' · tokenizer ' + str(args.model) if args.model else ' · no tokenizer (positions in messages)'}"
-          f"{' · recording ' + str(args.record) if args.record else ''}"
-          f"{' (no hash ids without --model)' if args.record and not args.model else ''}"
-          f" · requests at {px.url}/kvlab/requests"
-          " · Ctrl-C to stop", flush=True)
-    try:
-        px.wait_stopped()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        px.stop()
+    in_foreground(px, f"kvlab proxy: {px.url} -> {px.upstream}"
+                  f"{' · tokenizer ' + str(args.model) if args.model else ' · no tokenizer (positions in messages)'}"
+                  f"{' · recording ' + str(args.record) if args.record else ''}"
+                  f"{' (no hash ids without --model)' if args.record and not args.model else ''}"
+                  f" · requests at {px.url}/kvlab/requests · metrics at {px.url}/metrics"
+                  " · Ctrl-C to stop", px.wait_stopped)
     print(f"kvlab proxy: stopped after {len(px.requests)} requests", file=sys.stderr, flush=True)
     return 0

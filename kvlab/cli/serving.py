@@ -3,8 +3,9 @@ Ctrl-C or SIGTERM stops it after every finished request is recorded)."""
 
 from __future__ import annotations
 
-import signal
 import sys
+
+from .output import in_foreground
 
 
 def register(sub) -> None:
@@ -57,23 +58,12 @@ def serve(args) -> int:
                     api_key=args.api_key, block_size=args.block_size, max_tokens=args.max_tokens,
                     disk=args.disk, disk_budget=args.disk_budget, checkpoints=args.checkpoints)
     server.start()
-
-    def stop(signum, frame):
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, stop)
     budget = server.budget_bytes if server.budget_bytes is not None else "unbounded"
-    print(f"kvlab serve: {server.url} · model {server.model.name} · store {server.store_name} · "
-          f"budget {budget} B · checkpoints {server.checkpoints!r}{' · normalise' if server.normalise else ''}"
-          f"{' · recording ' + str(args.record) if args.record else ''}"
-          f"{' · disk tier ' + str(args.disk) if args.disk else ''} · Ctrl-C to stop", flush=True)
-    try:
-        server.wait()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        server.stop()
+    in_foreground(server, f"kvlab serve: {server.url} · model {server.model.name} · store {server.store_name} · "
+                  f"budget {budget} B · checkpoints {server.checkpoints!r}{' · normalise' if server.normalise else ''}"
+                  f"{' · recording ' + str(args.record) if args.record else ''}"
+                  f"{' · disk tier ' + str(args.disk) if args.disk else ''} · metrics at {server.url}/metrics"
+                  " · Ctrl-C to stop", server.wait)
     s = server.stats()
     print(f"kvlab serve: stopped after {s['requests']} requests, token hit {s['token_hit_rate']:.1%}, "
           f"request hit {s['request_hit_rate']:.1%}", file=sys.stderr, flush=True)

@@ -62,7 +62,7 @@ Example:
 
 from .compare import TYPES, Comparison, ToolsChange, compare, tools_change
 from .detail import TokenDetail, token_detail
-from .diagnose import PROVIDERS, diagnose, extension
+from .diagnose import PROVIDERS, answer, diagnose, extension, not_found
 from .log import Entry, FingerprintLog
 from .provider import (ANTHROPIC_BETA, ANTHROPIC_TYPES, OPENAI_REASONS, OPENAI_TYPES, anthropic_diagnostics,
                        anthropic_not_found, anthropic_request, anthropic_type, anthropic_unavailable,
@@ -72,7 +72,7 @@ from .shape import APIS, Message, PromptShape, ToolDef, canonical_json, shape_of
 
 __all__ = ["ANTHROPIC_BETA", "ANTHROPIC_TYPES", "APIS", "Comparison", "Entry", "FingerprintLog", "Message",
            "OPENAI_REASONS", "OPENAI_TYPES", "PROVIDERS", "PromptShape", "TYPES", "TokenDetail", "ToolDef",
-           "ToolsChange", "anthropic_diagnostics", "anthropic_not_found", "anthropic_request",
+           "ToolsChange", "answer", "anthropic_diagnostics", "anthropic_not_found", "anthropic_request",
            "anthropic_type", "anthropic_unavailable", "canonical_json", "compare", "diagnose", "extension",
-           "openai_not_found", "openai_prompt_cache_diagnostics", "openai_reason", "openai_request",
+           "not_found", "openai_not_found", "openai_prompt_cache_diagnostics", "openai_reason", "openai_request",
            "openai_unavailable", "shape_of", "token_detail", "tools_change"]

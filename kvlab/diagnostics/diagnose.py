@@ -84,4 +84,59 @@ def diagnose(log: FingerprintLog, wanted_id: str | None, shape: PromptShape, tok
                                            extension(comparison, detail))
 
 
-__all__ = ["PROVIDERS", "diagnose", "extension", "system_messages"]
+def answer(log: FingerprintLog, wanted_id: str | None, shape: PromptShape, tokens, *,
+           cached_tokens: int | None, provider: str, extra: dict | None = None, render=None,
+           now: float | None = None) -> tuple[dict | None, dict | None]:
+    """What a server answers a client that asked for diagnostics, as (the provider's object,
+    kvlab's detail to put beside an Anthropic null): ``diagnose`` with ``extra`` (what the
+    caller knows besides, such as what its store did) in the ``kvlab`` extension and in a
+    not-found answer, and ``cached_tokens`` as reported (None: not known yet; counted as 0).
+    ``render(previous_tokens)`` turns the remembered tokens into ``Tokens`` with text when they
+    were remembered as bare ids. The first turn's opt-in (``wanted_id`` None) answers
+    (None, ``extra``).
+
+    Example:
+        >>> from kvlab.diagnostics import shape_of
+        >>> log = FingerprintLog(clock=lambda: 0.0)
+        >>> s = shape_of({"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "Hi"}]},
+        ...              "anthropic")
+        >>> answer(log, None, s, None, cached_tokens=0, provider="anthropic", extra={"store": "radix"})
+        (None, {'store': 'radix'})
+        >>> answer(log, "msg_404", s, None, cached_tokens=0, provider="openai")[0]["type"]
+        'comparison_response_not_found'
+    """
+    if provider not in PROVIDERS:
+        raise DiagnosticsError(f"provider must be one of {PROVIDERS}, got {provider!r}")
+    if wanted_id is None:
+        return None, extra
+    entry = log.get(wanted_id, now=now)
+    if entry is None or entry.shape is None:
+        return (anthropic_not_found(extra) if provider == "anthropic" else openai_not_found(extra)), None
+    comparison = compare(entry.shape, shape)
+    detail = None
+    if entry.tokens is not None and tokens is not None:
+        previous = render(entry.tokens) if render is not None else entry.tokens
+        detail = token_detail(previous, tokens, system_messages=system_messages(shape, tokens))
+    lost = detail.lost_tokens if detail else 0
+    ext = {**extension(comparison, detail), **(extra or {}), "cached_tokens": cached_tokens}
+    if provider == "anthropic":
+        value = anthropic_diagnostics(comparison, lost, ext)
+        return (value, None) if value is not None else (None, ext)
+    reusable = detail.previous_tokens if detail else None
+    return openai_prompt_cache_diagnostics(comparison, cached_tokens or 0, lost, reusable, ext), None
+
+
+def not_found(obj: dict | None) -> bool:
+    """True for either provider's not-found answer.
+
+    Example:
+        >>> not_found(anthropic_not_found()), not_found(openai_not_found()), not_found(None)
+        (True, True, False)
+    """
+    if not obj:
+        return False
+    kind = (obj.get("cache_miss_reason") or {}).get("type") if "cache_miss_reason" in obj else obj.get("type")
+    return kind in ("previous_message_not_found", "comparison_response_not_found")
+
+
+__all__ = ["PROVIDERS", "answer", "diagnose", "extension", "not_found", "system_messages"]

@@ -36,7 +36,6 @@ import logging
 from dataclasses import dataclass
 
 from .. import diagnostics as dx
-from ..diagnostics.diagnose import system_messages
 from ..errors import DiagnosticsError, KvlabError
 from ..primitives.display import summary_html
 from ..primitives.volatile import volatile_fields
@@ -128,19 +127,8 @@ def _answer(fingerprints, tracker, ex, question, cached_tokens):
     if current is None:
         return (dx.anthropic_unavailable() if question.provider == "anthropic" else dx.openai_unavailable()), None
     tokens = tracker.tokens(ex) if tracker.tokenizer is not None else None
-    obj = dx.diagnose(fingerprints, question.previous_id, current, tokens, cached_tokens=cached_tokens or 0,
-                      provider=question.provider)
-    if obj is not None:
-        if isinstance(obj.get("kvlab"), dict):
-            obj["kvlab"]["cached_tokens"] = cached_tokens
-        return obj, None
-    entry = fingerprints.get(question.previous_id) if question.previous_id is not None else None
-    if entry is None:  # the first turn's opt-in: nothing to compare
-        return None, None
-    detail = None
-    if entry.tokens is not None and tokens is not None:
-        detail = dx.token_detail(entry.tokens, tokens, system_messages=system_messages(current, tokens))
-    return None, dx.extension(dx.compare(entry.shape, current), detail, cached_tokens=cached_tokens)
+    return dx.answer(fingerprints, question.previous_id, current, tokens, cached_tokens=cached_tokens,
+                     provider=question.provider)
 
 
 def remember(fingerprints: dx.FingerprintLog, tracker, ex, response_id: str | None) -> None:

@@ -17,17 +17,15 @@ Example:
 from __future__ import annotations
 
 import http.client
-import ipaddress
 import logging
 import os
-import socket
 import threading
-from http.server import ThreadingHTTPServer
 from urllib.parse import urlsplit
 
 from ..diagnostics import FingerprintLog
 from ..errors import KvlabError
 from ..primitives.display import summary_html, table_html
+from ..serving.listener import Listener, Listening
 from ..serving.prometheus import ProxyMetrics
 from . import diagnosing
 from .conversation import RAN, Tracker, jsonable
@@ -36,15 +34,6 @@ from .recording import ProxyRecorder
 from .view import LiveView
 
 log = logging.getLogger("kvlab.proxy")
-
-
-class _HTTPServer(ThreadingHTTPServer):
-    daemon_threads = False  # handler threads are joined by server_close: a clean stop
-    request_queue_size = 128
-    block_on_close = True
-
-    def handle_error(self, request, client_address):
-        log.debug("kvlab proxy: connection from %s ended with an error", client_address, exc_info=True)
 
 
 class _Keep:
@@ -64,7 +53,7 @@ class _HTTPS(_Keep, http.client.HTTPSConnection):
     pass
 
 
-class Proxy:
+class Proxy(Listening):
     """A running (or ready) proxy: ``url``, ``upstream``, ``requests`` (rows), ``requests_frame()``
     (polars), ``wait(n)``, ``tracker``, ``recorder``, ``metrics`` (``GET /metrics``); ``stop()`` or use it
     as a context manager.
@@ -76,7 +65,8 @@ class Proxy:
                  record_text: bool = False, tokenizer=None, diagnose=None, timeout: float = 600.0,
                  block_size: int = 16, min_common: int = 1, history: int = 128):
         self.upstream, self._scheme, self._netloc, self.base_path = _parse_upstream(upstream)
-        self.host, self.port, self.timeout = host, int(port), float(timeout)
+        self.listener = Listener(host, port, "kvlab proxy", log)
+        self.timeout = float(timeout)
         self.tokenizer = _tokenizer(tokenizer)
         self.tracker = Tracker(self.tokenizer, diagnose=diagnose or diagnosing.structural, min_common=min_common,
                                history=history)
@@ -89,59 +79,28 @@ class Proxy:
         self._lock = threading.Lock()
         self._clients: set = set()
         self._upstreams: set = set()
-        self._httpd = self._thread = None
-        self._stopped = threading.Event()
 
     # -- running ----------------------------------------------------------------------------------
     def start(self) -> "Proxy":
         """Listen and serve in a background thread; returns self once the port is bound."""
-        if self._httpd is not None:
-            return self
-        try:
-            family = socket.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM,
-                                        flags=socket.AI_PASSIVE)[0][0]
-            cls = type("KvlabProxyHTTPServer", (_HTTPServer,), {"address_family": family})
-            self._httpd = cls((self.host, self.port), bind_handler(self))
-        except OSError as e:
-            raise KvlabError(f"cannot listen on {self.host}:{self.port}: {e.strerror}; pick another "
-                             "--port (0 picks a free one)") from e
-        self.port = self._httpd.server_address[1]
-        if not _loopback(self.host):
-            log.warning("kvlab proxy listens on %s: anyone who can reach this address can use %s "
-                        "through it", self.host, self.upstream)
-        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.1},
-                                        name=f"kvlab-proxy-{self.port}", daemon=True)
-        self._thread.start()
+        if self.listener.httpd is None:
+            self.listener.listen(bind_handler(self), exposed=f" (and {self.upstream} through it)")
         return self
 
     def stop(self) -> None:
         """Stop accepting, close client and upstream connections, join every thread, free the port
         and close the recording (every finished request is already in it). Idempotent."""
-        if self._httpd is None or self._stopped.is_set():
+        if not self.listener.shutdown():
             return
-        self._stopped.set()
-        self._httpd.shutdown()
         with self._lock:
             socks = list(self._clients) + [c.raw for c in self._upstreams if c.raw is not None]
-        for s in socks:
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-        self._httpd.server_close()  # joins the handler threads
-        self._thread.join()
+        self.listener.close(socks)
         if self.recorder is not None:
             self.recorder.close()
 
     def wait_stopped(self) -> None:
         """Block until :meth:`stop` is called (the CLI's foreground mode)."""
-        self._stopped.wait()
-
-    def __enter__(self) -> "Proxy":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
+        self.listener.stopped.wait()
 
     # -- what the handler calls -------------------------------------------------------------------
     def track(self, sock, alive: bool) -> None:
@@ -179,15 +138,6 @@ class Proxy:
         return row
 
     # -- reading ----------------------------------------------------------------------------------
-    @property
-    def url(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
-
-    @property
-    def running(self) -> bool:
-        return self._httpd is not None and not self._stopped.is_set()
-
     @property
     def requests(self) -> list[dict]:
         """One row per finished request, in the order they finished (``GET /kvlab/requests``)."""
@@ -227,7 +177,7 @@ class Proxy:
         return self.tracker.wait(n, timeout)
 
     def __repr__(self) -> str:
-        state = "running" if self.running else "stopped" if self._stopped.is_set() else "ready"
+        state = self.listener.state
         return f"Proxy({self.url} -> {self.upstream} {state}, {len(self.tracker.rows)} requests)"
 
     def _repr_html_(self) -> str:
@@ -261,13 +211,6 @@ def _parse_upstream(url: str):
     path = parts.path.rstrip("/")
     path = path[:-3] if path.endswith("/v1") else path
     return f"{parts.scheme}://{parts.netloc}{path}", parts.scheme, parts.netloc, path
-
-
-def _loopback(host: str) -> bool:
-    try:
-        return host == "localhost" or ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _tokenizer(tok):

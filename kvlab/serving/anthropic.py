@@ -25,6 +25,7 @@ import json
 import uuid
 
 from ..errors import RequestError
+from .chat_stream import ChatStreamWriter
 
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
 
@@ -121,7 +122,7 @@ def to_chat(body) -> dict:
     return out
 
 
-class MessagesWriter:
+class MessagesWriter(ChatStreamWriter):
     """The handler's ``wfile`` while mlx-lm serves a translated Messages request (module docstring).
 
     ``handler`` provides ``kv_status`` (what mlx-lm set), ``kv_send_headers(code, headers)``,
@@ -140,29 +141,14 @@ class MessagesWriter:
         self.extra: dict = {}  # the diagnostics fields, if the request asked
 
     # -- what mlx-lm writes -----------------------------------------------------------------------
-    def write(self, data: bytes) -> int:
-        if self.h.kv_status != 200:
-            self.error += bytes(data)
-            return len(data)
-        for event in bytes(data).decode("utf-8").split("\n\n"):
-            event = event.strip()
-            if event.startswith(":"):
-                if self.stream:
-                    self._start()
-                    self._send("ping", {"type": "ping"})
-            elif event.startswith("data: "):
-                payload = event[len("data: "):]
-                if payload == "[DONE]":
-                    self._finish_message()
-                else:
-                    self._chunk(json.loads(payload))
-        return len(data)
+    def keepalive(self, comment: str) -> None:
+        self._start()
+        self._send("ping", {"type": "ping"})
 
-    def flush(self) -> None:
-        if self.started and self.stream:
-            self.h.kv_real_wfile.flush()
+    def done(self) -> None:
+        self._finish_message()
 
-    def _chunk(self, chunk: dict) -> None:
+    def chunk(self, chunk: dict) -> None:
         if chunk.get("usage"):
             self.output_tokens = int(chunk["usage"].get("completion_tokens", 0))
         for choice in chunk.get("choices", []):

@@ -41,11 +41,8 @@ import logging
 import threading
 from dataclasses import dataclass
 
-from ..diagnostics import (FingerprintLog, anthropic_diagnostics, anthropic_not_found, anthropic_request,
-                           anthropic_unavailable, compare, extension, openai_not_found,
-                           openai_prompt_cache_diagnostics, openai_request, openai_unavailable, shape_of,
-                           token_detail)
-from ..diagnostics.diagnose import system_messages
+from ..diagnostics import (FingerprintLog, anthropic_request, anthropic_unavailable, answer, not_found,
+                           openai_request, openai_unavailable, shape_of)
 from ..errors import DiagnosticsError
 from ..primitives.display import summary_html, table_html
 from ..primitives.tokens import Tokens, from_ids
@@ -144,30 +141,18 @@ class ServedDiagnostics:
             return {"prompt_cache_diagnostics": openai_unavailable(ext)}
 
     def _answer(self, pending: Pending, prompt, store: dict) -> dict:
-        anthropic = pending.api == "anthropic"
-        if pending.previous_id is None:  # Anthropic's first turn: opted in, nothing to compare
-            return {"diagnostics": None, "kvlab_diagnostics": {"store": store}}
-        entry = self.log.get(pending.previous_id)
-        if entry is None or entry.shape is None:
-            with self._count:
-                self.not_found += 1
-            if anthropic:
-                return {"diagnostics": anthropic_not_found({"store": store})}
-            return {"prompt_cache_diagnostics": openai_not_found({"store": store})}
-        comparison = compare(entry.shape, pending.shape)
         tok = self.model.tokenizer
         current = from_ids(prompt, tok, chatml_spans=True)
-        detail = token_detail(from_ids(entry.tokens.ids, tok, chatml_spans=True), current,
-                              system_messages=system_messages(pending.shape, current))
-        reused = int(store["reused_tokens"])
-        ext = {**extension(comparison, detail), "store": store}
-        if anthropic:
-            value = anthropic_diagnostics(comparison, detail.lost_tokens, {**ext, "cached_tokens": reused})
-            if value is None:
-                return {"diagnostics": None, "kvlab_diagnostics": {**ext, "cached_tokens": reused}}
-            return {"diagnostics": value}
-        return {"prompt_cache_diagnostics": openai_prompt_cache_diagnostics(
-            comparison, reused, detail.lost_tokens, detail.previous_tokens, ext)}
+        obj, beside = answer(self.log, pending.previous_id, pending.shape, current,
+                             cached_tokens=int(store["reused_tokens"]),
+                             provider="anthropic" if pending.api == "anthropic" else "openai",
+                             extra={"store": store}, render=lambda t: from_ids(t.ids, tok, chatml_spans=True))
+        if not_found(obj):
+            with self._count:
+                self.not_found += 1
+        if pending.api == "anthropic":
+            return {"diagnostics": obj} if beside is None else {"diagnostics": None, "kvlab_diagnostics": beside}
+        return {"prompt_cache_diagnostics": obj}
 
     def store_detail(self, prompt, lookup: dict) -> dict:
         """What the store did for a request, from the adapter's lookup info."""

@@ -33,12 +33,13 @@ import time
 import uuid
 
 from ..primitives.display import summary_html
+from .chat_stream import ChatStreamWriter
 from .responses import error_body
 
 ITEMS = {"text": "message", "reasoning": "reasoning"}  # the output item a kind of text goes into
 
 
-class ResponsesWriter:
+class ResponsesWriter(ChatStreamWriter):
     """The handler's ``wfile`` while mlx-lm serves a translated Responses request (module docstring).
 
     ``handler`` provides ``kv_status`` (what mlx-lm set), ``kv_send_headers(code, headers)``,
@@ -69,29 +70,14 @@ class ResponsesWriter:
         return summary_html(repr(self), code=True)
 
     # -- what mlx-lm writes -----------------------------------------------------------------------
-    def write(self, data: bytes) -> int:
-        if self.h.kv_status != 200:
-            self.error += bytes(data)
-            return len(data)
-        for event in bytes(data).decode("utf-8").split("\n\n"):
-            event = event.strip()
-            if event.startswith(":"):  # mlx-lm's prefill keepalive: an SSE comment clients skip
-                if self.stream:
-                    self._start()
-                    self.h.kv_real_wfile.write(f"{event}\n\n".encode())
-            elif event.startswith("data: "):
-                payload = event[len("data: "):]
-                if payload == "[DONE]":
-                    self._finish()
-                else:
-                    self._chunk(json.loads(payload))
-        return len(data)
+    def keepalive(self, comment: str) -> None:
+        self._start()
+        self.h.kv_real_wfile.write(f"{comment}\n\n".encode())
 
-    def flush(self) -> None:
-        if self.started and self.stream:
-            self.h.kv_real_wfile.flush()
+    def done(self) -> None:
+        self._finish()
 
-    def _chunk(self, chunk: dict) -> None:
+    def chunk(self, chunk: dict) -> None:
         if chunk.get("usage"):
             self.output_tokens = int(chunk["usage"].get("completion_tokens", 0))
         for choice in chunk.get("choices", []):

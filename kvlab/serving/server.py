@@ -20,12 +20,9 @@ Example:
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import os
-import socket
 import threading
-from http.server import ThreadingHTTPServer
 
 from mlx_lm.server import get_system_fingerprint
 
@@ -39,6 +36,7 @@ from .events import ServerEvents
 from .generator import KvlabModelProvider, KvlabResponseGenerator, cli_args
 from .handler import bind_handler
 from .ledger import Ledger
+from .listener import Listener, Listening
 from .prometheus import ServerMetrics
 from .record import Recorder
 
@@ -46,17 +44,7 @@ log = logging.getLogger("kvlab.serving")
 ENV_KEY = "KVLAB_API_KEY"
 
 
-class _HTTPServer(ThreadingHTTPServer):
-    daemon_threads = False  # handler threads are joined by server_close: a clean stop
-    request_queue_size = 128  # listen backlog: bursts of clients connect at once
-    block_on_close = True
-
-    def handle_error(self, request, client_address):
-        # a client that leaves mid-stream is routine for a server; keep the traceback for debugging
-        log.debug("kvlab serve: connection from %s ended with an error", client_address, exc_info=True)
-
-
-class Server:
+class Server(Listening):
     """A running (or ready) ``kvlab serve``: ``url``, ``events`` (polars), ``stats()``, ``results``
     (``kv.Result`` per finished request), ``store``, ``on_result(callback)``, ``metrics`` (what
     ``GET /metrics`` answers: kvlab.serving.prometheus); ``stop()`` or use
@@ -75,7 +63,7 @@ class Server:
         parse_policy(checkpoints)  # a bad spec fails before a model is loaded
 
         self.model = model if isinstance(model, Model) else load(model)
-        self.host, self.port = host, int(port)
+        self.listener = Listener(host, port, "kvlab serve", log)
         self.normalise, self.record_text = bool(normalise), bool(record_text)
         # normalise=True: kv.DEFAULT_RULES; a sequence of kv Rules: those rules instead
         self.normalise_rules = None if isinstance(normalise, bool) else tuple(normalise)
@@ -99,8 +87,7 @@ class Server:
                             prompt_concurrency=prompt_concurrency, prompt_cache_size=max_size)
         self.connections: set = set()
         self._conn_lock = threading.Lock()  # the handler registers its connections under it
-        self._httpd = self._thread = self.generator = None
-        self._stopped = threading.Event()
+        self.generator = None
         self._done = threading.Event()  # stopped, or generation failed for good
         self.failure = None  # the GenerationError that ended generation for good
         self.metrics = ServerMetrics(self)  # GET /metrics (kvlab.serving.prometheus)
@@ -131,51 +118,32 @@ class Server:
     # -- running ----------------------------------------------------------------------------------
     def start(self) -> "Server":
         """Start serving in background threads; returns self once the port is bound."""
-        if self._httpd is not None:
+        if self.listener.httpd is not None:
             return self
         args = cli_args(self.model, prompt_cache_bytes=None, **self._limits)
         args.allowed_origins = []  # no CORS: a web page must not drive a local server
         provider = KvlabModelProvider(args, self.model)
         self.generator = KvlabResponseGenerator(provider, self.adapter, self.ledger, self.events_log,
                                                 on_fatal=self._fatal, checkpoints=self.checkpoints)
+        handler, rg, fp = bind_handler(self), self.generator, get_system_fingerprint()
         try:
-            family = socket.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM,
-                                        flags=socket.AI_PASSIVE)[0][0]
-            cls = type("KvlabHTTPServer", (_HTTPServer,), {"address_family": family})
-            handler, rg, fp = bind_handler(self), self.generator, get_system_fingerprint()
-            self._httpd = cls((self.host, self.port),
-                              lambda *a, **k: handler(rg, *a, system_fingerprint=fp, **k))
-        except OSError as e:
+            self.listener.listen(lambda *a, **k: handler(rg, *a, system_fingerprint=fp, **k),
+                                 exposed="" if self.api_key else "; set --api-key or $KVLAB_API_KEY")
+        except KvlabError:
             self.generator.stop_and_join()
-            raise KvlabError(f"cannot listen on {self.host}:{self.port}: {e.strerror}; pick another "
-                             "--port (0 picks a free one)") from e
-        self.port = self._httpd.server_address[1]
-        if not _loopback(self.host):
-            log.warning("kvlab serve listens on %s: anyone who can reach this address can use it%s",
-                        self.host, "" if self.api_key else "; set --api-key or $KVLAB_API_KEY")
-        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.1},
-                                        name=f"kvlab-serve-{self.port}", daemon=True)
-        self._thread.start()
+            raise
         return self
 
     def stop(self) -> None:
         """Stop accepting, end mlx-lm's generation thread, close open connections, join every
         thread and free the port. Finished requests are already recorded. Idempotent."""
-        if self._httpd is None or self._stopped.is_set():
+        if not self.listener.shutdown():
             return
-        self._stopped.set()
         self._done.set()
-        self._httpd.shutdown()
         self.generator.stop_and_join()
         with self._conn_lock:
             conns = list(self.connections)
-        for c in conns:
-            try:
-                c.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-        self._httpd.server_close()  # joins the handler threads
-        self._thread.join()
+        self.listener.close(conns)
         if self.adapter.store is not None:
             self.adapter.store.flush()  # a disk tier keeps what RAM still holds, for the next start
         self.ledger.close()
@@ -192,22 +160,7 @@ class Server:
         self.failure = error
         self._done.set()
 
-    def __enter__(self) -> "Server":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
     # -- reading ----------------------------------------------------------------------------------
-    @property
-    def url(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
-
-    @property
-    def running(self) -> bool:
-        return self._httpd is not None and not self._stopped.is_set()
-
     @property
     def store(self):
         """The kvlab store behind the adapter."""
@@ -253,8 +206,7 @@ class Server:
 
     def __repr__(self) -> str:
         s = self.ledger.stats()
-        state = "running" if self.running else "stopped" if self._stopped.is_set() else "ready"
-        return (f"Server({self.url} {state}, {self.model.name}, store={self.store_name}, "
+        return (f"Server({self.url} {self.listener.state}, {self.model.name}, store={self.store_name}, "
                 f"{s['requests']} requests, token hit {s['token_hit_rate']:.1%})")
 
     def _repr_html_(self) -> str:
@@ -285,12 +237,3 @@ def serve(model="tiny", store="radix", **kwargs) -> Server:
         'http://127.0.0.1:...'
     """
     return Server(model, store, **kwargs).start()
-
-
-def _loopback(host: str) -> bool:
-    if host in ("localhost",):
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False

@@ -27,6 +27,24 @@ def start(tiny):
 
 
 @pytest.fixture
+def proxied():
+    """proxied(upstream, **kw) -> a running kv.proxy; all are stopped after the test."""
+    import kvlab as kv
+
+    made = []
+
+    def _p(upstream, **kw):
+        p = kv.proxy(upstream, **kw)
+        made.append(p)
+        return p
+
+    yield _p
+    for p in made:
+        p.stop()
+        assert not p.running
+
+
+@pytest.fixture
 def client():
     """client(server, key=None) -> the official openai SDK pointed at the server."""
     import openai

@@ -67,22 +67,6 @@ def conversation(system_prompt):
     return [first, first, turn]
 
 
-@pytest.fixture
-def proxied():
-    """proxied(upstream, **kw) -> a running kv.proxy; all are stopped after the test."""
-    made = []
-
-    def _p(upstream, **kw):
-        p = kv.proxy(upstream, **kw)
-        made.append(p)
-        return p
-
-    yield _p
-    for p in made:
-        p.stop()
-        assert not p.running
-
-
 @pytest.mark.serving
 @pytest.mark.model
 def test_serve_metrics_count_a_known_sequence(start, client, system_prompt, no_eos):

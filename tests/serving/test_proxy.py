@@ -24,27 +24,12 @@ import kvlab as kv
 from kvlab.primitives.tokens import common_prefix_len
 from kvlab.serving.peers import free_port
 from kvlab.serving.record import read_records
+from sse_events import sse_events
 
 pytestmark = [pytest.mark.serving, pytest.mark.model]
 ROOT = Path(__file__).resolve().parents[2]
 CHAT = "/v1/chat/completions"
 WAIT = 10.0  # the longest any scripted upstream waits for the test before it gives up
-
-
-@pytest.fixture
-def proxied():
-    """proxied(upstream, **kw) -> a running kv.proxy; all are stopped after the test."""
-    made = []
-
-    def _p(upstream, **kw):
-        p = kv.proxy(upstream, **kw)
-        made.append(p)
-        return p
-
-    yield _p
-    for p in made:
-        p.stop()
-        assert not p.running
 
 
 # -- a scripted upstream ----------------------------------------------------------------------------
@@ -133,15 +118,6 @@ def scripted():
     thread.join()
 
 
-def _sse_events(data: bytes) -> list[dict]:
-    out = []
-    for event in data.replace(b"\r\n", b"\n").split(b"\n\n"):
-        lines = [ln[6:] for ln in event.split(b"\n") if ln.startswith(b"data: ")]
-        if lines and lines[0] != b"[DONE]":
-            out.append(json.loads(b"".join(lines)))
-    return out
-
-
 def _text(events) -> str:
     return "".join((c.get("delta") or {}).get("content") or "" for e in events for c in e.get("choices", []))
 
@@ -168,7 +144,7 @@ def test_chat_through_the_proxy_equals_the_chat_sent_directly(start, proxied, ti
     # mutant: a stream framed without its end (or a body without its length) breaks the next request
     assert keep.post(p.url + CHAT, json=body).json()["choices"] == direct.json()["choices"]
     keep.close()
-    d, v = _sse_events(b"".join(direct_chunks)), _sse_events(b"".join(via_chunks))
+    d, v = sse_events(b"".join(direct_chunks)), sse_events(b"".join(via_chunks))
     # mutant: a proxy that drops or merges events (or buffers then rewrites them) changes the count
     assert len(v) == len(d) > 1
     assert _text(v) == _text(d) == direct.json()["choices"][0]["message"]["content"]
@@ -222,7 +198,7 @@ def test_a_three_turn_conversation_extends_turn_by_turn_and_records(start, proxi
         if turn == 2:  # the last turn streams: usage comes in the final chunk
             body.update(stream=True, stream_options={"include_usage": True})
             with httpx.stream("POST", p.url + CHAT, json=body, timeout=60) as r:
-                events = _sse_events(r.read())
+                events = sse_events(r.read())
             reply, usage = _text(events), events[-1]["usage"]
         else:
             r = httpx.post(p.url + CHAT, json=body, timeout=60).json()
@@ -298,7 +274,7 @@ def test_anthropic_turns_without_a_tokenizer_compare_message_by_message(start, p
         {"role": "assistant", "content": first["content"]}, {"role": "user", "content": "Again"}])
     with httpx.stream("POST", p.url + "/v1/messages", json=second, timeout=60) as r:
         raw = r.read()
-    start_event = next(e for e in _sse_events(raw) if e["type"] == "message_start")
+    start_event = next(e for e in sse_events(raw) if e["type"] == "message_start")
     third = dict(second, system="Be verbose.", stream=False)
     httpx.post(p.url + "/v1/messages", json=third, timeout=60)
     rows = p.wait(3)
@@ -440,7 +416,7 @@ def test_cli_proxy_runs_in_the_foreground_and_stops_on_sigterm(scripted, tmp_pat
         assert f"http://127.0.0.1:{port} -> {scripted.url}" in banner
         scripted.go.set()
         r = httpx.post(f"http://127.0.0.1:{port}{CHAT}", json={"mode": "lockstep", "stream": True}, timeout=30)
-        assert r.status_code == 200 and len(_sse_events(r.content)) == 2
+        assert r.status_code == 200 and len(sse_events(r.content)) == 2
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
     finally:

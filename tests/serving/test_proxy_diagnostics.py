@@ -7,13 +7,13 @@ the code by hand."""
 
 from __future__ import annotations
 
-import json
 
 import httpx
 import pytest
 
 import kvlab as kv
 from kvlab.workloads import BILLING_HEADER
+from sse_events import sse_events
 
 pytestmark = [pytest.mark.serving, pytest.mark.model]
 CHAT, MESSAGES = "/v1/chat/completions", "/v1/messages"
@@ -28,15 +28,6 @@ def proxy_on_tiny(start, tiny):
     p = kv.proxy(up.url, tokenizer=tiny)
     yield p
     p.stop()
-
-
-def _sse(data: bytes) -> list[dict]:
-    out = []
-    for event in data.replace(b"\r\n", b"\n").split(b"\n\n"):
-        lines = [ln[6:] for ln in event.split(b"\n") if ln.startswith(b"data: ")]
-        if lines and lines[0] != b"[DONE]":
-            out.append(json.loads(b"".join(lines)))
-    return out
 
 
 def _anthropic(cch: str, turns: list[str], previous, **extra) -> dict:
@@ -66,7 +57,7 @@ def test_anthropic_diagnostics_where_anthropic_puts_them(proxy_on_tiny):
     assert beside["cached_tokens"] == second["usage"]["cache_read_input_tokens"] > 0
     body = _anthropic("bbbb2", ["List two colours.", "And two more?"], second["id"], stream=True)
     with http.stream("POST", MESSAGES, json=body) as r:
-        events = _sse(b"".join(r.iter_raw()))
+        events = sse_events(b"".join(r.iter_raw()))
     start = next(e for e in events if e["type"] == "message_start")["message"]
     reason = start["diagnostics"]["cache_miss_reason"]
     assert reason["type"] == "system_changed" and reason["cache_missed_input_tokens"] > 0
@@ -96,7 +87,7 @@ def test_openai_diagnostics_on_chat_completions(proxy_on_tiny):
     assert same["prompt_cache_diagnostics"]["type"] == "cache_hit"
     reordered = {**base, **asked, "tools": TOOLS[::-1], "stream": True}
     with http.stream("POST", CHAT, json=reordered) as r:
-        chunks = _sse(b"".join(r.iter_raw()))
+        chunks = sse_events(b"".join(r.iter_raw()))
     d = chunks[0]["prompt_cache_diagnostics"]
     assert d["type"] == "cache_miss" and d["reason"] == "tools_changed" and d["cache_missed_tokens"] > 0
     assert d["kvlab"]["comparison"]["tools"]["reordered"] is True and d["kvlab"]["cached_tokens"] is None
