@@ -123,7 +123,9 @@ def answer(log: FingerprintLog, wanted_id: str | None, shape: PromptShape, token
         value = anthropic_diagnostics(comparison, lost, ext)
         return (value, None) if value is not None else (None, ext)
     reusable = detail.previous_tokens if detail else None
-    return openai_prompt_cache_diagnostics(comparison, cached_tokens or 0, lost, reusable, ext), None
+    obj = openai_prompt_cache_diagnostics(comparison, cached_tokens or 0, lost, reusable, ext)
+    obj["kvlab"]["cached_tokens"] = cached_tokens  # None stays None: not known yet
+    return obj, None
 
 
 def not_found(obj: dict | None) -> bool:

@@ -148,19 +148,17 @@ class MessagesWriter(ChatStreamWriter):
     def done(self) -> None:
         self._finish_message()
 
-    def chunk(self, chunk: dict) -> None:
-        if chunk.get("usage"):
-            self.output_tokens = int(chunk["usage"].get("completion_tokens", 0))
-        for choice in chunk.get("choices", []):
-            delta = choice.get("delta") or {}
-            if delta.get("reasoning"):
-                self._delta("thinking", {"type": "thinking_delta", "thinking": delta["reasoning"]})
-            if delta.get("content"):
-                self._delta("text", {"type": "text_delta", "text": delta["content"]})
-            for call in delta.get("tool_calls") or []:
-                self._tool(call)
-            if choice.get("finish_reason"):
-                self.stop_reason = STOP_REASONS.get(choice["finish_reason"], "end_turn")
+    def reasoning(self, text: str) -> None:
+        self._delta("thinking", {"type": "thinking_delta", "thinking": text})
+
+    def content(self, text: str) -> None:
+        self._delta("text", {"type": "text_delta", "text": text})
+
+    def tool_call(self, call: dict) -> None:
+        self._tool(call)
+
+    def finished_with(self, finish_reason: str) -> None:
+        self.stop_reason = STOP_REASONS.get(finish_reason, "end_turn")
 
     # -- Anthropic's side -------------------------------------------------------------------------
     def _usage(self) -> dict:

@@ -77,19 +77,17 @@ class ResponsesWriter(ChatStreamWriter):
     def done(self) -> None:
         self._finish()
 
-    def chunk(self, chunk: dict) -> None:
-        if chunk.get("usage"):
-            self.output_tokens = int(chunk["usage"].get("completion_tokens", 0))
-        for choice in chunk.get("choices", []):
-            delta = choice.get("delta") or {}
-            if delta.get("reasoning"):
-                self._delta(delta["reasoning"], "reasoning")
-            if delta.get("content"):
-                self._delta(delta["content"])
-            for call in delta.get("tool_calls") or []:
-                self._call(call)
-            if choice.get("finish_reason"):
-                self.finish_reason = choice["finish_reason"]
+    def reasoning(self, text: str) -> None:
+        self._delta(text, "reasoning")
+
+    def content(self, text: str) -> None:
+        self._delta(text)
+
+    def tool_call(self, call: dict) -> None:
+        self._call(call)
+
+    def finished_with(self, finish_reason: str) -> None:
+        self.finish_reason = finish_reason
 
     # -- OpenAI's side ----------------------------------------------------------------------------
     def status(self) -> str:
