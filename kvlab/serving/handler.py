@@ -272,16 +272,7 @@ class KvlabHandler(APIHandler):
         self._rewrite(chat)
         writer = anthropic.MessagesWriter(self, stream=bool(body.get("stream")),
                                           model=str(body.get("model", "kvlab")))
-        self.kv_anthropic, self.kv_status, self.kv_real_wfile = writer, 200, self.wfile
-        self.wfile = writer
-        try:
-            self._forward(chat, "/v1/chat/completions")
-        finally:
-            self.wfile = self.kv_real_wfile
-            try:
-                writer.close()
-            finally:
-                self.kv_anthropic = None
+        self._through(writer, chat)
 
     def _responses(self, body) -> None:
         """POST /v1/responses: translated to chat; a ResponsesWriter takes the writer slot that
@@ -306,6 +297,11 @@ class KvlabHandler(APIHandler):
 
         self._rewrite(chat)
         writer = ResponsesWriter(self, body, diagnostics=diagnostics)
+        self._through(writer, chat)
+
+    def _through(self, writer, chat: dict) -> None:
+        """Serve the translated ``chat`` request with ``writer`` in the wfile slot, which
+        answers in its own API's shape; the real wfile is back afterwards, the writer closed."""
         self.kv_anthropic, self.kv_status, self.kv_real_wfile = writer, 200, self.wfile
         self.wfile = writer
         try:
