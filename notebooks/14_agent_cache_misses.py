@@ -40,6 +40,7 @@ import time
 import polars as pl
 from IPython.display import Markdown
 
+from kvlab.primitives.chat_template import render
 from kvlab.serving import peers
 from kvlab.workloads import CAUSES
 
@@ -53,6 +54,10 @@ results_path = "results.parquet"
 
 # %%
 m = kv.load(model)
+probe = [{"role": "user", "content": "Hi"}]
+probe_tool = [{"type": "function", "function": {"name": "Read", "description": "read a file",
+                                                 "parameters": {"type": "object", "properties": {}}}}]
+renders_tools = render(m.tokenizer, probe, tools=probe_tool) != render(m.tokenizer, probe)
 PATHS = ("kvlab serve", "mlx_lm.server")
 
 
@@ -232,6 +237,10 @@ diagnosis = ("every diagnosis named the expected type" if not missed else
 flat = [r["cause"] for r in summary.iter_rows(named=True)
         if r["cause"] != "idle_gap" and r["kvlab recovered"] <= 0]
 flat_text = (f" The fix raised no hit rate for {', '.join(flat)} on {model}." if flat else "")
+if "tools_reordered" in flat and not renders_tools:
+    flat_text += (f" {model}'s chat template does not render tools, so their order cannot reach its prompt: the "
+                  "request is still diagnosed tools_changed (the providers compare structure), but nothing "
+                  "is lost to it here.")
 costlier = [r for r in summary.iter_rows(named=True)
             if r["kvlab prefilled after"] > r["kvlab prefilled before"]]
 WHY_COSTLIER = {"compaction": " (on a prefix cache the system prompt and tools stay cached through a "
