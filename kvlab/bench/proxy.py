@@ -31,7 +31,7 @@ PROMPT = [{"role": "user", "content": "Name three colours of the rainbow."}]
 
 def bench_proxy(repeats: int, *, requests: int = 24, max_tokens: int = 2) -> Table:
     """Rows: direct, through the proxy, and the added TTFT (ms, median ± pstdev over repeats)."""
-    from ..model import load
+    from ..models.loading import load
     from ..request import Request, Workload
     from ..serving import peers
 
