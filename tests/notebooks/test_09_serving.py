@@ -30,17 +30,22 @@ def test_09_serving(tmp_path):
     c = sec["correctness"].row(0, named=True)
     assert c["compared"] == 6 and c["failures"] == 0 and c["identical"] + c["flips"] == 6
 
-    # reported against measured: vllm-mlx's memory-aware cache counts exact repeats it re-prefills.
-    # Judged by each repeat's TTFT against the cold first request of the same run (not by the fit
-    # from another run, which machine load between the runs moves: it once read 4,723 of 7,936).
+    # reported against measured. What each server reports is deterministic and asserted exactly;
+    # what its TTFTs say it saved is wall-clock and moves with machine load (CI once saw 2 of
+    # vllm-mlx paged's 6 reused repeats take half the cold TTFT while another test ran), so the test
+    # asserts only that it is computed and stated, and the notebook shows it.
+    # Mutants: the audit reading the wrong counter (hits for tokens_saved: 7), summing the usage of
+    # only the first request (0), dropping a server.
     a = {row["server"]: row for row in sec["audit"].iter_rows(named=True)}
     assert sorted(a) == ["kvlab serve radix", "mlx_lm.server", "vllm-mlx batched", "vllm-mlx paged"]
-    exact_repeat_tokens = 3 * 1024 + 3 * 1280
-    assert a["vllm-mlx batched"]["reported"] >= exact_repeat_tokens
-    assert a["vllm-mlx batched"]["prefilled_again"] == a["vllm-mlx batched"]["repeats"] == 6
-    for honest in ("vllm-mlx paged", "mlx_lm.server", "kvlab serve radix"):
-        assert a[honest]["prefilled_again"] == 0, (honest, a[honest])
-        assert a[honest]["inferred"] > a[honest]["reported"] / 2, (honest, a[honest])
+    exact_repeats = 3 * 1024 + 3 * 1280
+    for name in ("kvlab serve radix", "mlx_lm.server"):  # usage cached_tokens: n - 1 on an exact repeat
+        assert a[name]["reported"] == exact_repeats - 6 + 1024 and a[name]["source"] == "usage cached_tokens"
+    for name in ("vllm-mlx batched", "vllm-mlx paged"):  # its counter claims every repeat whole
+        assert a[name]["reported"] == exact_repeats + 1024
+        assert a[name]["source"] == "/v1/cache/stats:engine_cache.tokens_saved"
+    for row in a.values():
+        assert 0 <= row["prefilled_again"] <= row["repeats"] == 6 and row["inferred"] is not None
 
     # seed 000: mlx-lm's server serves the tiny qwen2_vl's text under load, but has no vision path for it
     v = sec["seed000"].row(0, named=True)
@@ -57,4 +62,4 @@ def test_09_serving(tmp_path):
     assert f"Concurrency changed {c['flips']} of 6 outputs, 0 beyond a near-tie" in text
     batched = a["vllm-mlx batched"]
     assert (f"vllm-mlx batched {batched['reported']:,} against {batched['inferred']:,} "
-            "(6 of 6 exact repeats prefilled again)") in text
+            f"({batched['prefilled_again']} of 6 exact repeats prefilled again)") in text
