@@ -37,7 +37,8 @@ from ..errors import KvlabError
 from ..primitives.display import summary_html
 
 VLLM_MLX = "vllm-mlx==0.6.0"
-VLLM_MLX_DEPS = ("mlx-lm[cpu]==0.31.3", "fastapi", "starlette", "uvicorn", "psutil",
+VLLM_MLX_LM = "mlx-lm{extra}==0.31.3"
+VLLM_MLX_DEPS = ("fastapi", "starlette", "uvicorn", "psutil",
                  "prometheus-client", "jsonschema", "pillow", "tqdm", "requests", "tabulate", "pytz",
                  "python-multipart")
 MODES = {"simple": (), "batched": ("--continuous-batching",),
@@ -48,6 +49,38 @@ _CACHE_FETCH = re.compile(r"\[cache_fetch\] request=(\S+) (HIT|MISS) prompt_toke
 
 class PeerError(KvlabError, RuntimeError):
     """A peer server that cannot be installed, started or reached."""
+
+
+# mlx-lm 0.31.3's extras per backend wheel (mlx[cuda] is mlx-cuda-12)
+_BACKEND_EXTRAS = {"mlx-cpu": "cpu", "mlx-cuda-12": "cuda12", "mlx-cuda-13": "cuda13"}
+
+
+def peer_mlx_lm_requirement() -> str:
+    """The mlx-lm requirement for the peers' venv, on the MLX backend kvlab's own environment runs:
+    mlx-cpu and mlx-cuda both ship ``mlx/lib/libmlx.so``, so a CUDA machine must not get mlx[cpu].
+    ``$KVLAB_BACKEND`` (cpu, cuda) decides first; macOS needs no extra (plain mlx is Metal).
+
+    Example:
+        >>> peer_mlx_lm_requirement()          # on Linux with mlx[cpu] installed
+        'mlx-lm[cpu]==0.31.3'
+    """
+    from importlib import metadata
+
+    if sys.platform == "darwin":
+        return VLLM_MLX_LM.format(extra="")
+    wanted = os.environ.get("KVLAB_BACKEND", "")
+    if wanted:
+        extras = {"cpu": "cpu", "cuda": "cuda12"}
+        if wanted not in extras:
+            raise PeerError(f"KVLAB_BACKEND={wanted!r}: on Linux the MLX backend is 'cpu' or 'cuda'")
+        return VLLM_MLX_LM.format(extra=f"[{extras[wanted]}]")
+    for dist, extra in _BACKEND_EXTRAS.items():
+        try:
+            metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+        return VLLM_MLX_LM.format(extra=f"[{extra}]")
+    return VLLM_MLX_LM.format(extra="[cpu]")
 
 
 def peers_venv() -> Path:
@@ -75,7 +108,8 @@ def ensure_peers_venv(path=None, *, quiet: bool = True) -> Path:
     from filelock import FileLock
 
     path = Path(path) if path is not None else peers_venv()
-    want = " ".join((VLLM_MLX, *VLLM_MLX_DEPS))
+    deps = (peer_mlx_lm_requirement(), *VLLM_MLX_DEPS)
+    want = " ".join((VLLM_MLX, *deps))
     stamp = path / ".kvlab-peers-installed"
     path.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(path) + ".lock"):
@@ -85,7 +119,7 @@ def ensure_peers_venv(path=None, *, quiet: bool = True) -> Path:
             print(f"kvlab: installing {VLLM_MLX} into {path} (takes a minute)", file=sys.stderr)
         pip = [str(path / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
         steps = ([[sys.executable, "-m", "venv", str(path)]] if not (path / "bin" / "python").exists() else [])
-        steps += [pip + ["--no-deps", VLLM_MLX], pip + list(VLLM_MLX_DEPS)]
+        steps += [pip + ["--no-deps", VLLM_MLX], pip + list(deps)]
         for cmd in steps:
             proc = subprocess.run(cmd, capture_output=True, text=True)
             if proc.returncode != 0:

@@ -1,4 +1,4 @@
-"""The Inspector in a real JupyterLab, driven by headless Debian Chromium through playwright's driver.
+"""The Inspector in a real JupyterLab, driven by headless Chromium through playwright's driver.
 
 Starts `jupyter lab` on a free port with throwaway config/data/runtime dirs (the venv's kernelspecs
 and labextensions stay visible), writes a notebook that runs the tiny model through an Engine
@@ -8,6 +8,9 @@ kinds; then picks request 2 in the Inspector's dropdown and moves the budget sli
 that the plotly figure and the replay label changed. As a user does, the Inspector is shown first
 and the requests run once it has rendered. Any page error or console error fails the
 test. Screenshot: test-artifacts/inspector.png (git-ignored).
+
+Chromium: $KVLAB_CHROMIUM, else Debian's /usr/bin/chromium (Linux: apt-get install chromium), else
+the one `python -m playwright install chromium` downloaded (macOS: scripts/setup.sh runs it).
 """
 
 import json
@@ -20,6 +23,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -30,7 +34,7 @@ from kvlab.primitives.tokens import common_prefix_len
 pytestmark = pytest.mark.browser
 
 ROOT = Path(__file__).resolve().parents[2]
-CHROMIUM = os.environ.get("KVLAB_CHROMIUM", "/usr/bin/chromium")
+DEBIAN_CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = ROOT / "test-artifacts"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic"]
@@ -117,13 +121,28 @@ def _notebook(path: Path, kernel: str) -> None:
     path.write_text(json.dumps(nb))
 
 
+@cache
+def chromium() -> str | None:
+    """The Chromium to drive: $KVLAB_CHROMIUM, Debian's, or playwright's own download (None: none)."""
+    if os.environ.get("KVLAB_CHROMIUM"):
+        return os.environ["KVLAB_CHROMIUM"]
+    if Path(DEBIAN_CHROMIUM).exists():
+        return DEBIAN_CHROMIUM
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        path = p.chromium.executable_path
+    return path if Path(path).exists() else None
+
+
 @pytest.fixture
 def lab(tmp_path):
     """(base url, token, log path) of a JupyterLab serving tmp_path/work."""
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"no Chromium at {CHROMIUM}: apt-get install -y chromium (or set KVLAB_CHROMIUM)")
-    pytest.importorskip("playwright.sync_api", reason="pip install playwright (the driver only; "
-                                                      "never `playwright install`)")
+    pytest.importorskip("playwright.sync_api", reason="pip install playwright (the driver; "
+                                                      'pip install -e ".[dev]")')
+    if chromium() is None or not Path(chromium()).exists():
+        pytest.skip(f"no Chromium at {chromium() or DEBIAN_CHROMIUM} nor from playwright: Linux: apt-get "
+                    "install -y chromium; macOS: python -m playwright install chromium; or set KVLAB_CHROMIUM")
     jupyter = Path(sys.executable).parent / "jupyter"
     if not jupyter.exists() or shutil.which("jupyter-lab", path=str(jupyter.parent)) is None:
         pytest.skip('JupyterLab is not installed in this environment: pip install "kvlab[notebooks]"')
@@ -205,7 +224,7 @@ def test_inspector_renders_and_reacts_in_jupyterlab(lab, qwen_tokenizer):
     ARTIFACTS.mkdir(exist_ok=True)
     errors: list[str] = []
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        browser = p.chromium.launch(executable_path=chromium(), args=CHROMIUM_ARGS, headless=True)
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 1100})
             page.on("pageerror", lambda e: errors.append(f"pageerror: {e}"))
