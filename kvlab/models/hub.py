@@ -42,7 +42,7 @@ def resolve(repo_id: str) -> Path:
     folder = _lookup(repo_id, cache)
     if folder is None or not folder.is_dir():
         raise ModelNotFoundError(
-            f"{repo_id!r} is not in the local Hugging Face cache (looked in {cache / repo_folder(repo_id)}; "
+            f"{repo_id!r} is neither a local folder nor in the local Hugging Face cache (looked in {cache / repo_folder(repo_id)}; "
             "the cache is $HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub). kvlab never "
             f"downloads models: download it first with `huggingface-cli download {repo_id}` (or "
             "`hf download`), or pass a local mlx-lm folder")
