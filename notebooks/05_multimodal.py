@@ -38,6 +38,7 @@ import kvlab as kv  # first: it loads a fast BLAS before MLX
 import numpy as np
 import polars as pl
 from PIL import Image
+from kvlab.primitives.tolerance import tolerance as logit_tolerance
 from IPython.display import Markdown
 
 # %% tags=["parameters"]
@@ -47,12 +48,14 @@ pairs = 3                 # request pairs with identical ids and different pictu
 stores = ["radix", "paged"]
 block_size = 16           # PagedStore block size (vLLM's default)
 max_tokens = 4            # tokens generated per request
-tolerance = 1e-4          # max |logit difference| that still counts as "same as cold" (float32)
+tolerance = None          # max |logit difference| that still counts as "same as cold"; None: kvlab's
+                          # table for the model's dtype (kvlab.primitives.tolerance: 1e-4 in float32)
 seed = 0
 results_path = "results.parquet"
 
 # %%
 vlm = kv.load_vlm(model)
+tolerance = logit_tolerance(vlm.dtype) if tolerance is None else tolerance
 vlm
 
 # %% [markdown]

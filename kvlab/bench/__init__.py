@@ -56,8 +56,10 @@ SECTIONS = tuple(REGISTRY)
 
 
 def run(model_name: str = "smollm2", repeats: int = 5, only=None, *, on_table=None,
-        ttft_system_tokens: int = 1000) -> list[Table]:
-    """Run the chosen benchmarks; ``on_table(table)`` is called as each one finishes.
+        ttft_system_tokens: int = 1000, dtype: str | None = None) -> list[Table]:
+    """Run the chosen benchmarks on the model in ``dtype`` (None: its stored dtype); ``on_table(table)``
+    is called as each one finishes. Sections that run peer servers (``PEERS``) refuse, before
+    anything runs, a ``dtype`` the peers cannot load the folder in.
 
     Example:
         >>> [t.title for t in run("tiny", 2, only=["hashing"])]
@@ -67,11 +69,15 @@ def run(model_name: str = "smollm2", repeats: int = 5, only=None, *, on_table=No
     unknown = only - set(REGISTRY)
     if unknown:
         raise KvlabError(f"unknown benchmark(s) {sorted(unknown)}; choose from {tuple(REGISTRY)}")
-    settings = Settings(model_name, repeats, ttft_system_tokens)
+    settings = Settings(model_name, repeats, ttft_system_tokens, dtype=dtype)
     if any(REGISTRY[name].NEEDS_MODEL for name in only):
+        from ..models.dtypes import require_stored_dtype
         from ..models.loading import load
 
-        settings.model = load(model_name)
+        settings.model = load(model_name, dtype=dtype)
+        peers = sorted(name for name in only if getattr(REGISTRY[name], "PEERS", False))
+        if peers:  # fail now, not after the sections before them (half an hour)
+            require_stored_dtype(settings.model, f"the {', '.join(peers)} section's peers")
     tables = []
     for name, section in REGISTRY.items():
         if name in only:

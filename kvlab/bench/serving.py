@@ -22,6 +22,7 @@ from .settings import Settings
 from .table import Table, spread
 
 NEEDS_MODEL = True
+PEERS = True  # runs mlx_lm.server and vllm-mlx, which load the folder's stored dtype
 CONCURRENCY = (1, 2, 4, 8)
 STORES = ("radix", "paged", "system", "mlx-lru")
 VLLM_MODES = ("simple", "batched", "paged")
@@ -29,11 +30,16 @@ PLAIN = "mlx_lm.server"
 
 
 def servers_for(model) -> dict:
-    """Server name -> a function that starts it on ``model`` (a ``PeerServer`` context manager)."""
+    """Server name -> a function that starts it on ``model`` (a ``PeerServer`` context manager);
+    every server runs ``model.dtype`` (kvlab serve is told it; the peers load the folder's stored
+    dtype, so a model cast to another dtype is refused by ``require_stored_dtype``)."""
+    from ..models.dtypes import require_stored_dtype
     from ..serving import peers
 
+    require_stored_dtype(model, "mlx_lm.server and vllm-mlx")
     name = model.name if model.name in ("smollm2", "tiny", "tiny-hybrid") else str(model.path)
-    out = {f"kvlab serve {s}": functools.partial(peers.start_kvlab_serve, name, s) for s in STORES}
+    out = {f"kvlab serve {s}": functools.partial(peers.start_kvlab_serve, name, s, dtype=model.dtype)
+           for s in STORES}
     out[PLAIN] = functools.partial(peers.start_mlx_lm, model)
     out.update({f"vllm-mlx {m}": functools.partial(peers.start_vllm_mlx, model, m) for m in VLLM_MODES})
     return out
@@ -79,7 +85,7 @@ def bench_serving(model, repeats: int, *, concurrency=CONCURRENCY, servers=None,
                      f"{tpot['median']:.1f}", "n/a" if hit is None else f"{hit['median']:.1%}{xs[-1]['hit_note']}",
                      held, *vs))
     return Table(f"serving under load: prefix_repetition ({requests} requests of {prefix_len}+{suffix_len} "
-                 f"tokens, {output_len} out) on {model.name}",
+                 f"tokens, {output_len} out) on {model.name}, every server in {model.dtype}",
                  f"kvlab bench --only serving --model {model.name} --repeats {repeats}",
                  ("server", "concurrency", "output tok/s median ± pstdev", "TTFT p50 ms median (min-max)",
                   "TTFT p99 ms", "TPOT p50 ms", "token hit rate", "memory held",

@@ -15,13 +15,14 @@ class Settings:
 
     Example:
         >>> Settings("tiny", repeats=3)
-        Settings(model_name='tiny', repeats=3, ttft_system_tokens=1000, model=None)
+        Settings(model_name='tiny', repeats=3, ttft_system_tokens=1000, model=None, dtype=None)
     """
 
     model_name: str = "smollm2"
     repeats: int = 5
     ttft_system_tokens: int = 1000
     model: Any = None
+    dtype: str | None = None  # what ``--dtype`` asked for; None: the model's stored dtype
 
     def _repr_html_(self) -> str:
         return summary_html(repr(self), code=True)

@@ -9,9 +9,13 @@ import time
 
 def register(sub) -> None:
     from ..bench import SECTIONS
+    from ..models.dtypes import DTYPES
 
     s = sub.add_parser("bench", help="side-by-side benchmarks (median and spread over repeats)")
     s.add_argument("--model", default="smollm2")
+    s.add_argument("--dtype", default=None, choices=DTYPES,
+                   help="run the model in this dtype (default: its stored dtype); the serving "
+                        "section refuses one its peers (which load the stored dtype) cannot run")
     s.add_argument("--repeats", type=int, default=5)
     s.add_argument("--only", default=None, help=f"comma-separated: {','.join(SECTIONS)}")
     s.add_argument("--write", default=None,
@@ -28,6 +32,8 @@ def register(sub) -> None:
 def command_of(args) -> str:
     """The command line that reproduces this run (what the written file says it came from)."""
     parts = ["kvlab bench", f"--model {args.model}", f"--repeats {args.repeats}"]
+    if getattr(args, "dtype", None):
+        parts.append(f"--dtype {args.dtype}")
     if args.only:
         parts.append(f"--only {args.only}")
     if args.ttft_system_tokens != 1000:
@@ -53,7 +59,7 @@ def bench(args) -> int:
         replace_marked(readme_text, "", name=readme)  # bad markers fail now, not after the run
     started = time.perf_counter()
     tables = run(args.model, args.repeats, only, on_table=lambda t: print(t.markdown(), flush=True),
-                 ttft_system_tokens=args.ttft_system_tokens)
+                 ttft_system_tokens=args.ttft_system_tokens, dtype=args.dtype)
     meta = {"command": command_of(args), "machine": machine(), "when": time.strftime("%Y-%m-%d %H:%M")}
     if args.write:
         atomic_write(args.write, document(tables, **meta))

@@ -9,10 +9,14 @@ from .output import in_foreground
 
 
 def register(sub) -> None:
+    from ..models.dtypes import DTYPES
     from ..stores import STORE_NAMES
 
     s = sub.add_parser("serve", help="serve a model over HTTP (OpenAI + Anthropic routes) with a kvlab store")
-    s.add_argument("--model", default="smollm2", help="smollm2 (default), tiny, or an mlx-lm folder")
+    s.add_argument("--model", default="smollm2", help="smollm2 (default), tiny, an mlx-lm folder, or an "
+                   "org/name repo id in the local Hugging Face cache")
+    s.add_argument("--dtype", default=None, choices=DTYPES,
+                   help="run the model in this dtype (default: the folder's stored dtype)")
     s.add_argument("--store", default="radix", choices=list(STORE_NAMES),
                    help="prompt cache: a store as kv.make_store(name) builds it (mlx-lru: mlx-lm's "
                    "own LRUPromptCache) or none")
@@ -53,13 +57,14 @@ def _policy(spec: str) -> str:
 def serve(args) -> int:
     from ..serving.server import Server
 
-    server = Server(args.model, args.store, budget=args.budget, host=args.host, port=args.port,
+    server = Server(args.model, args.store, dtype=args.dtype, budget=args.budget, host=args.host, port=args.port,
                     record=args.record, record_text=args.record_text, normalise=args.normalise,
                     api_key=args.api_key, block_size=args.block_size, max_tokens=args.max_tokens,
                     disk=args.disk, disk_budget=args.disk_budget, checkpoints=args.checkpoints)
     server.start()
     budget = server.budget_bytes if server.budget_bytes is not None else "unbounded"
-    in_foreground(server, f"kvlab serve: {server.url} · model {server.model.name} · store {server.store_name} · "
+    in_foreground(server, f"kvlab serve: {server.url} · model {server.model.name} in {server.model.dtype_label} · "
+                  f"store {server.store_name} · "
                   f"budget {budget} B · checkpoints {server.checkpoints!r}{' · normalise' if server.normalise else ''}"
                   f"{' · recording ' + str(args.record) if args.record else ''}"
                   f"{' · disk tier ' + str(args.disk) if args.disk else ''} · metrics at {server.url}/metrics"

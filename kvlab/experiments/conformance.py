@@ -10,7 +10,8 @@ prefill. It is
 - ``wrong``: some request's logits moved beyond ``TOLERANCE`` (the worst bug);
 - ``silent zero``: it reused nothing and no reason names a layer (the second worst).
 
-``TOLERANCE`` is 1e-4 on float32 logits of magnitude ~2: restored KV is bitwise the KV a cold
+``TOLERANCE`` is 1e-4 on float32 logits of magnitude ~2 (``kvlab.primitives.tolerance``, the
+table for every dtype; the tiny models run in float32): restored KV is bitwise the KV a cold
 prefill computes, so the only differences are the order of float additions when a prefill runs
 in two pieces instead of one.
 
@@ -33,10 +34,11 @@ from ..errors import KvlabError
 from ..models.families import FAMILY_OF, MODEL_TYPES
 from ..models.loading import load
 from ..primitives.display import summary_html, table_html
+from ..primitives.tolerance import tolerance
 from ..stores import STORE_NAMES, make_store
 from ..workloads import agentic_loop, branching, multi_turn
 
-TOLERANCE = 1e-4
+TOLERANCE = tolerance("float32")
 STORES = tuple(n for n in STORE_NAMES if n != "none")
 # small enough to run every cell in seconds, long enough to wrap 32-token windows and chunks
 WORKLOADS = {
@@ -89,9 +91,10 @@ def _reason(engine: Engine) -> str:
     return ""
 
 
-def classify(reused: int, max_diff: float, reason: str) -> str:
-    """A cell's status (module docstring) from what it reused, its logit error and its reason."""
-    if max_diff > TOLERANCE:
+def classify(reused: int, max_diff: float, reason: str, dtype: str = "float32") -> str:
+    """A cell's status (module docstring) from what it reused, its logit error (judged by the
+    tolerance of the model's ``dtype``) and its reason."""
+    if max_diff > tolerance(dtype):
         return "wrong"
     if reused > 0:
         return "exact"
@@ -113,7 +116,7 @@ def run_cell(model_type: str, store: str, workload: str, *, folder: Path | None 
     diff = max(r.verify_diff or 0.0 for r in results)
     reason = _reason(engine)
     return Cell(model_type, FAMILY_OF[model_type], store, workload, len(results),
-                sum(r.prompt_tokens for r in results), reused, diff, classify(reused, diff, reason), reason)
+                sum(r.prompt_tokens for r in results), reused, diff, classify(reused, diff, reason, model.dtype), reason)
 
 
 def check_names(model_types, stores, workloads) -> tuple[list[str], list[str], list[str]]:

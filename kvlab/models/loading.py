@@ -1,8 +1,10 @@
-"""Load a model: the embedded SmolLM2, a tiny random-weight model, or a local mlx-lm folder.
+"""Load a model: the embedded SmolLM2, a tiny random-weight model, a local mlx-lm folder or a
+Hugging Face cache repo id, in its stored dtype unless asked (``kvlab.models.dtypes``).
 
     import kvlab as kv
     m = kv.load()                  # SmolLM2-135M-Instruct, converted once into $KVLAB_HOME
     t = kv.load("tiny")            # random-weight qwen3 with the real Qwen3 tokenizer
+    o = kv.load("mlx-community/SmolLM2-135M-Instruct-bf16")   # from the local HF cache, offline
     m.fingerprint[:12], m.context_length, m.make_cache()
 """
 
@@ -12,10 +14,8 @@ import dataclasses
 import functools
 import json
 import os
-import sys
 import time
 import warnings
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +26,9 @@ _blas.load_fast_blas()  # before mlx.core
 import mlx.core as mx  # noqa: E402
 from mlx.utils import tree_flatten  # noqa: E402
 
-from . import gguf  # noqa: E402
-from ..errors import KvlabError, ModelNotFoundError  # noqa: E402
+from . import gguf, hub  # noqa: E402
+from .dtypes import DTYPES, cast, check_dtype, choose, default_dtype, stored_dtype  # noqa: E402,F401
+from ..errors import ModelNotFoundError  # noqa: E402
 from .folders import (TOKENIZER_FILES, digest_files, ensure_folder,  # noqa: E402
                       kvlab_home, read_manifest, sha256_json)
 from ..primitives.display import table_html  # noqa: E402
@@ -37,17 +38,12 @@ from ..primitives.tokens import Tokens, check_ids, tokenise_text, vocab_limit  #
 from .families import MODEL_TYPES, PREFIX, ensure_family, is_family_name  # noqa: E402
 from .tiny import ensure_tiny, qwen_tokenizer, qwen_tokenizer_dir, tiny_config  # noqa: E402,F401
 
-DTYPES = ("float16", "bfloat16", "float32")
 NAMES = ("smollm2", "tiny", "tiny-hybrid")
 _HOW = ("pass a local mlx-lm model folder (config.json + *.safetensors, e.g. one made by "
         "`mlx_lm.convert`) or one of the known names: " + ", ".join(NAMES) +
         ", tiny:<model_type> (a tiny model of any cache family: " +
-        ", ".join(PREFIX + t for t in MODEL_TYPES) + "); kvlab never downloads models")
-
-
-def default_dtype() -> str:
-    """The fastest dtype here: float32 on Linux CPU (bf16 matmuls skip BLAS), bfloat16 on macOS."""
-    return "bfloat16" if sys.platform == "darwin" else "float32"
+        ", ".join(PREFIX + t for t in MODEL_TYPES) + "), or an \"org/name\" repo id in the local "
+        "Hugging Face cache; kvlab never downloads models")
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -64,9 +60,14 @@ class Model:
     fingerprint: str      # sha256 hex over config, weights and tokenizer files
     path: Path
     config: dict
-    dtype: str
+    dtype: str            # what it runs in
     context_length: int
     kind: str = "text"
+    stored_dtype: str = dataclasses.field(default="", kw_only=True)  # what its folder holds
+    dtype_note: str = dataclasses.field(default="", kw_only=True)    # why it runs in ``dtype``
+    # sha256 over config, weights (or the source they were built from) and tokenizer, without the
+    # dtype: equal for one model in two dtypes, so a snapshot refusal can say "another dtype"
+    content_fingerprint: str = dataclasses.field(default="", kw_only=True)
 
     @property
     def arch(self) -> str:
@@ -133,9 +134,14 @@ class Model:
 
     def _fields(self) -> dict:
         return {"name": self.name, "arch": self.arch, "layers": self.num_layers,
-                "params": f"{self.num_params / 1e6:.1f}M", "dtype": self.dtype,
+                "params": f"{self.num_params / 1e6:.1f}M", "dtype": self.dtype_label,
                 "context": self.context_length, "fingerprint": self.fingerprint[:12],
                 "path": str(self.path)}
+
+    @property
+    def dtype_label(self) -> str:
+        """The dtype and why, e.g. "float32 (built for CPU speed)"."""
+        return f"{self.dtype} ({self.dtype_note})" if self.dtype_note else self.dtype
 
     def __repr__(self) -> str:
         f = self._fields()
@@ -161,33 +167,37 @@ def fingerprint(model: Model) -> str:
 
 def load(name_or_path: str | os.PathLike = "smollm2", *, dtype: str | None = None) -> Model:
     """Load "smollm2" (default), "tiny", "tiny-hybrid", "tiny:<model_type>" (a tiny model of any
-    cache family: ``kvlab.models.families``), or a local mlx-lm folder. Never downloads.
+    cache family: ``kvlab.models.families``), a local mlx-lm folder, or an "org/name" repo id from
+    the local Hugging Face cache (``kvlab.models.hub``). Never downloads.
 
-    ``dtype=None``: the platform's fastest dtype for smollm2 and half-precision folders on Linux,
-    float32 for the tiny models, the stored dtype otherwise.
+    ``dtype=None`` keeps the stored dtype on every platform (the tiny models are stored in float32);
+    smollm2 is built from its 4-bit GGUF in ``default_dtype()`` (float32 on Linux CPU, for speed).
+    Another ``dtype`` casts, and the repr says so.
 
-        >>> kv.load("tiny").arch
-        'qwen3'
+        >>> kv.load("tiny").arch, kv.load("tiny", dtype="bfloat16").dtype
+        ('qwen3', 'bfloat16')
     """
-    if dtype is not None and dtype not in DTYPES:
-        raise KvlabError(f"dtype {dtype!r} is not supported; use one of {', '.join(DTYPES)} "
-                         f"or None (= {default_dtype()} on this platform)")
+    check_dtype(dtype)
     key = os.fspath(name_or_path)
     if key == "smollm2":
-        dtype = dtype or default_dtype()
-        return _load_folder(_ensure_smollm2(dtype), "smollm2", dtype)
+        built = dtype or default_dtype()
+        return _load_folder(_ensure_smollm2(built), "smollm2", dtype, built=True)
     if key in ("tiny", "tiny-hybrid"):
-        return _load_folder(ensure_tiny(key == "tiny-hybrid"), key, dtype or "float32")
+        return _load_folder(ensure_tiny(key == "tiny-hybrid"), key, dtype)
     if is_family_name(key):
-        return _load_folder(ensure_family(key), key, dtype or "float32")
+        return _load_folder(ensure_family(key), key, dtype)
     path = Path(key).expanduser().resolve()
-    if not path.is_dir():
+    name = path.name
+    if not path.is_dir() and hub.is_repo_id(key):
+        path, name = hub.resolve(key).resolve(), key
+    elif not path.is_dir():
         raise ModelNotFoundError(f"{key!r} is neither a known model name nor a local folder: "
                                  f"{_HOW}")
     if not (path / "config.json").is_file() or not list(path.glob("model*.safetensors")):
         raise ModelNotFoundError(f"{path} is not an mlx-lm model folder (it needs config.json and "
                                  f"model*.safetensors): {_HOW}")
-    return _load_folder(path, path.name, dtype)
+    # a snapshot folder of the HF cache is named by its repo id, not its commit hash
+    return _load_folder(path, hub.repo_id_of(Path(key).expanduser()) or name, dtype)
 
 
 def gguf_path() -> Path:
@@ -228,14 +238,18 @@ def _ensure_smollm2(dtype: str, with_status: bool = False):
 
 # -- loading and fingerprints --------------------------------------------------------------------
 
-def _load_folder(folder: Path, name: str, dtype: str | None) -> Model:
+def _load_folder(folder: Path, name: str, dtype: str | None, *, built: bool = False) -> Model:
+    """``dtype``: what the user asked for (None: the stored dtype); ``built``: kvlab built the
+    folder in the dtype it chose (``kvlab.models.dtypes.choose``)."""
     import mlx_lm
 
     try:
         model, tokenizer = mlx_lm.load(str(folder))  # an existing local folder: never the hub
     except (ValueError, FileNotFoundError, KeyError) as e:
         raise ModelNotFoundError(f"mlx-lm cannot load {folder}: {e}. {_HOW}") from e
-    dtype = cast(model, dtype)
+    stored = stored_dtype(model)
+    dtype, note = choose(stored, dtype, built=built)
+    cast(model, dtype)
     materialise(model)
     config = json.loads((folder / "config.json").read_text())
     manifest = read_manifest(folder)
@@ -245,19 +259,13 @@ def _load_folder(folder: Path, name: str, dtype: str | None) -> Model:
         weights = digest_files(folder, sorted(p.name for p in folder.glob("model*.safetensors")))
         tok = digest_files(folder, TOKENIZER_FILES)
     fp = sha256_json({"config": config, "weights": weights, "tokenizer": tok, "dtype": dtype})
+    # the dtype-free identity: a built folder's source (one GGUF, any dtype), else its weights
+    plain = {k: v for k, v in config.items() if k not in ("torch_dtype", "dtype")}
+    origin = (manifest or {}).get("source") or weights
+    content = sha256_json({"config": plain, "weights": origin, "tokenizer": tok})
     context = context_length_of(config, tokenizer)
-    return Model(name, model, tokenizer, fp, folder, config, dtype, context)
-
-
-def cast(model, dtype: str | None) -> str:
-    """Cast ``model`` to ``dtype`` (None: the stored dtype, or the platform's fastest for
-    half-precision weights) and return the dtype it now runs in."""
-    stored = stored_dtype(model)
-    if dtype is None:
-        dtype = default_dtype() if stored in ("float16", "bfloat16") else stored
-    if dtype != stored:
-        model.set_dtype(getattr(mx, dtype))
-    return dtype
+    return Model(name, model, tokenizer, fp, folder, config, dtype, context, stored_dtype=stored,
+                 dtype_note=note, content_fingerprint=content)
 
 
 def materialise(model) -> None:
@@ -266,12 +274,6 @@ def materialise(model) -> None:
     evaluated by mlx-lm's generation thread ("There is no Stream(cpu, 0) in current thread")."""
     held = model.filter_and_map(lambda m, k, v: isinstance(v, (dict, list, mx.array)))
     mx.eval([a for _, a in tree_flatten(held) if isinstance(a, mx.array)])
-
-
-def stored_dtype(model) -> str:
-    kinds = Counter(str(p.dtype).rsplit(".", 1)[-1] for _, p in tree_flatten(model.parameters())
-                    if mx.issubdtype(p.dtype, mx.floating))
-    return kinds.most_common(1)[0][0] if kinds else "float32"
 
 
 def context_length_of(config: dict, tokenizer) -> int:

@@ -1,6 +1,6 @@
 """Snapshot files: ``save`` writes a snapshot to safetensors (never pickle, atomically), and
-``load_snapshot`` reads it back, refusing another model's file, a corrupt or truncated one, a newer
-format or KV of another format.
+``load_snapshot`` reads it back, refusing another model's file, the same model's file in another
+dtype (each said as such), a corrupt or truncated one, a newer format or KV of another format.
 
 Example:
     >>> kv.save(snap, "system.safetensors", model=m)
@@ -25,8 +25,9 @@ from .statefile import digest, rebuild, structure
 def save(snap: Snapshot, path, tokens=None, *, model=None) -> str:
     """Write the snapshot to a safetensors file (never pickle); atomic: a failed save leaves no file.
 
-    Metadata: format version, model fingerprint, token ids, layer classes, the KV format ("float32",
-    "q4g64": quantized arrays, scales and biases are written as they are), a digest of it all.
+    Metadata: format version, model fingerprint, the dtype the model ran in and its dtype-free
+    fingerprint (``content``), token ids, layer classes, the KV format ("float32", "q4g64": quantized
+    arrays, scales and biases are written as they are), a digest of it all.
 
     Example:
         >>> kv.save(snap, "system.safetensors", tokens=toks, model=m)
@@ -56,6 +57,11 @@ def save(snap: Snapshot, path, tokens=None, *, model=None) -> str:
         "layers": json.dumps(layers_meta),
         "kv_format": format_of(snap),
     }
+    dtype = getattr(model, "dtype", None) or float_dtype(metadata["kv_format"])
+    if dtype:
+        metadata["dtype"] = dtype
+    if getattr(model, "content_fingerprint", None):
+        metadata["content"] = model.content_fingerprint
     metadata["digest"] = digest(arrays, json.dumps(metadata, sort_keys=True))
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
@@ -100,10 +106,9 @@ def load_snapshot(path, model, *, kv_format: str | None = None) -> Snapshot:
     if version > FORMAT_VERSION:
         raise SnapshotError(f"{path} has snapshot format {version}, newer than this kvlab's "
                             f"{FORMAT_VERSION}: upgrade kvlab to read it")
-    expected = getattr(model, "fingerprint", None)
-    if meta["fingerprint"] != expected:
-        raise SnapshotError(f"{path} was made by model {meta['fingerprint'][:12]}, not by the model "
-                            f"you passed ({str(expected)[:12]}): KV from another model is meaningless")
+    why = refusal(meta, model)
+    if why:
+        raise SnapshotError(f"{path} {why}")
     signed = json.dumps({k: v for k, v in meta.items() if k != "digest"}, sort_keys=True) if version > 1 else ""
     if digest(arrays, signed) != meta.get("digest"):
         raise SnapshotError(f"{path} is corrupt: its data does not match the digest written with it")
@@ -120,3 +125,35 @@ def load_snapshot(path, model, *, kv_format: str | None = None) -> Snapshot:
         raise SnapshotError(f"{path} holds {format_of(snap)} KV, not the {kv_format} asked for: float "
                             "and quantized KV of one model are not interchangeable")
     return snap
+
+
+FLOAT_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def float_dtype(kv_format: str | None) -> str | None:
+    """The dtype a float KV format names ("bfloat16"), None for a quantized or empty one."""
+    return kv_format if kv_format in FLOAT_DTYPES else None
+
+
+def refusal(meta: dict, model) -> str:
+    """Why a snapshot file with header ``meta`` cannot load into ``model`` ("" if it can): the same
+    model in another dtype, or another model, each said as such. Files older than the ``dtype``
+    header give their dtype by their KV format.
+
+    Example:
+        >>> refusal({"fingerprint": "ab..", "dtype": "bfloat16", "content": m.content_fingerprint}, m)
+        'was saved from this model in bfloat16, and the model you passed runs in float32: ...'
+    """
+    expected = getattr(model, "fingerprint", None)
+    if meta.get("fingerprint") == expected:
+        return ""
+    saved = meta.get("dtype") or float_dtype(meta.get("kv_format"))
+    runs = getattr(model, "dtype", None)
+    content = getattr(model, "content_fingerprint", None)
+    if saved and runs and saved != runs and content and meta.get("content") == content:
+        return (f"was saved from this model in {saved}, and the model you passed runs in {runs}: KV of "
+                f"another dtype does not restore the same logits; load the model with "
+                f"dtype=\"{saved}\" (kv.load(..., dtype=\"{saved}\")) or make the snapshot again")
+    dtypes = f" ({saved} vs {runs})" if saved and runs and saved != runs else ""
+    return (f"was made by model {str(meta.get('fingerprint'))[:12]}, not by the model you passed "
+            f"({str(expected)[:12]}){dtypes}: KV from another model is meaningless")

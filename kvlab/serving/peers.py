@@ -235,6 +235,8 @@ def start_vllm_mlx(model="tiny", mode: str = "batched", *, port: int | None = No
     """
     if mode not in MODES:
         raise PeerError(f"unknown vllm-mlx mode {mode!r}; use one of {', '.join(MODES)}")
+    from ..models.dtypes import require_stored_dtype  # imports mlx: only when a peer starts
+    require_stored_dtype(model, "vllm-mlx")
     venv = ensure_peers_venv()
     folder = model_folder(model)
     port = port or free_port()
@@ -264,6 +266,8 @@ def start_mlx_lm(model="tiny", *, port: int | None = None, prompt_cache_size: in
         >>> with start_mlx_lm("tiny") as srv:
         ...     kv.generate_load(srv.url, "multi_turn", concurrency=2, num_requests=6)
     """
+    from ..models.dtypes import require_stored_dtype  # imports mlx: only when a peer starts
+    require_stored_dtype(model, "mlx_lm.server")
     folder = model_folder(model)
     port = port or free_port()
     args = ["--model", str(folder), "--host", "127.0.0.1", "--port", str(port),
@@ -278,9 +282,10 @@ def start_mlx_lm(model="tiny", *, port: int | None = None, prompt_cache_size: in
 
 
 def start_kvlab_serve(model="tiny", store: str = "radix", *, budget=None, port: int | None = None,
-                      extra_args=(), timeout: float = 120.0) -> PeerServer:
+                      dtype: str | None = None, extra_args=(), timeout: float = 120.0) -> PeerServer:
     """Start ``kvlab serve`` as a child process, like the peers, so a benchmark's client never
-    shares a process (and its GIL) with the server it measures.
+    shares a process (and its GIL) with the server it measures. It runs ``dtype``, else the dtype
+    of ``model`` when that is a loaded kvlab model, else the folder's stored dtype.
 
     Example:
         >>> with start_kvlab_serve("tiny", "paged", budget="64MiB") as srv:
@@ -291,6 +296,9 @@ def start_kvlab_serve(model="tiny", store: str = "radix", *, budget=None, port: 
     args = ["serve", "--model", name, "--store", store, "--host", "127.0.0.1", "--port", str(port)]
     if budget is not None:
         args += ["--budget", str(budget)]
+    dtype = dtype or getattr(model, "dtype", None)
+    if dtype:
+        args += ["--dtype", dtype]
     env = env_with_fast_blas()
     root = str(Path(__file__).resolve().parents[2])  # the child imports this same kvlab
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)

@@ -52,8 +52,8 @@ class Server(Listening):
 
     keying = "prompt+output"  # mlx-lm caches prompt + output when a request finishes
 
-    def __init__(self, model="tiny", store="radix", *, budget=None, host: str = "127.0.0.1",
-                 port: int = 0, record=None, record_text: bool = False, normalise: bool = False,
+    def __init__(self, model="tiny", store="radix", *, dtype: str | None = None, budget=None,
+                 host: str = "127.0.0.1", port: int = 0, record=None, record_text: bool = False, normalise: bool = False,
                  api_key: str | None = None, block_size: int = 16, max_size: int = 10,
                  max_tokens: int = 512, decode_concurrency: int = 32, prompt_concurrency: int = 8,
                  disk=None, disk_budget=None, checkpoints="segment_ends"):
@@ -62,7 +62,10 @@ class Server(Listening):
 
         parse_policy(checkpoints)  # a bad spec fails before a model is loaded
 
-        self.model = model if isinstance(model, Model) else load(model)
+        if isinstance(model, Model) and dtype not in (None, model.dtype):
+            raise KvlabError(f"the model passed runs in {model.dtype}, not the dtype={dtype!r} asked for: "
+                             f"pass its name or folder to load it in {dtype}, or load it so yourself")
+        self.model = model if isinstance(model, Model) else load(model, dtype=dtype)
         self.listener = Listener(host, port, "kvlab serve", log)
         self.normalise, self.record_text = bool(normalise), bool(record_text)
         # normalise=True: kv.DEFAULT_RULES; a sequence of kv Rules: those rules instead
@@ -224,7 +227,7 @@ def serve(model="tiny", store="radix", **kwargs) -> Server:
     with ``store`` (``radix``, ``paged``, ``system``, ``mlx-lru``, ``none`` or a store object),
     started; use it as a context manager so it stops (threads joined, port freed).
 
-    Keywords: ``budget`` ("1GiB" or bytes), ``host`` (127.0.0.1), ``port`` (0: free),
+    Keywords: ``dtype`` (None: the stored dtype), ``budget`` ("1GiB" or bytes), ``host``, ``port`` (0: free),
     ``record`` (JSONL path), ``record_text``, ``normalise`` (True: ``kv.DEFAULT_RULES``; or a
     sequence of normalisation Rules), ``api_key``, ``block_size`` (paged store and recorded kvlab
     hash ids), ``max_size`` (mlx-lru entries), ``max_tokens`` (default per request),

@@ -23,6 +23,7 @@ import numpy as np
 from mlx.utils import tree_flatten, tree_map
 
 from ..errors import SnapshotError
+from ..primitives.snapshot_files import float_dtype
 from ..primitives.snapshots import FORMAT_VERSION, LayerState, Snapshot
 
 SUFFIX = ".safetensors"
@@ -88,7 +89,11 @@ def check_file(p: Path, fingerprint: str, block_size: int | None) -> tuple[str, 
     tokens = int(meta["offset"])
     ids = json.loads(meta["token_ids"]) if block_size is None else None
     if meta.get("fingerprint") != fingerprint:
-        why = f"made by model {str(meta.get('fingerprint'))[:12]}, in the folder of {fingerprint[:12]}"
+        # folders are per fingerprint (which includes the dtype): the same model in another dtype
+        # has its own folder, so a file here from another fingerprint was put here by hand
+        saved = meta.get("dtype") or float_dtype(meta.get("kv_format"))
+        why = (f"made by model {str(meta.get('fingerprint'))[:12]}{f' in {saved}' if saved else ''}, "
+               f"in the folder of {fingerprint[:12]}")
     elif block_size is not None and tokens != block_size:
         why = f"a block of {tokens} tokens in a folder of {block_size}-token blocks"
     elif ids is not None and len(ids) != tokens:

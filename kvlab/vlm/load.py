@@ -15,9 +15,10 @@ from .. import _blas
 
 _blas.load_fast_blas()  # before mlx.core
 
-from ..errors import KvlabError, ModelNotFoundError, VLMUnavailableError  # noqa: E402
+from ..errors import ModelNotFoundError, VLMUnavailableError  # noqa: E402
 from ..models.folders import TOKENIZER_FILES, digest_files, read_manifest, sha256_json  # noqa: E402
-from ..models.loading import DTYPES, cast, context_length_of, materialise  # noqa: E402
+from ..models.dtypes import cast, check_dtype, choose, stored_dtype  # noqa: E402
+from ..models.loading import context_length_of, materialise  # noqa: E402
 from .build import PROCESSOR_FILES, ensure_tiny_vlm  # noqa: E402
 from .model import VLModel  # noqa: E402
 
@@ -44,11 +45,10 @@ def load_vlm(name_or_path: str | os.PathLike = "tiny", *, dtype: str | None = No
         VLModel('tiny-vlm', qwen2_vl, 4 layers, ...)
     """
     require_mlx_vlm()
-    if dtype is not None and dtype not in DTYPES:
-        raise KvlabError(f"dtype {dtype!r} is not supported; use one of {', '.join(DTYPES)}")
+    check_dtype(dtype)
     key = os.fspath(name_or_path)
     if key in ("tiny", "tiny-vlm"):
-        return load_folder(ensure_tiny_vlm(), "tiny-vlm", dtype or "float32")
+        return load_folder(ensure_tiny_vlm(), "tiny-vlm", dtype)
     path = Path(key).expanduser()
     if not path.is_dir():
         raise ModelNotFoundError(f"{key!r} is neither \"tiny\" nor a local folder: {HOW}")
@@ -63,8 +63,8 @@ def load_vlm(name_or_path: str | os.PathLike = "tiny", *, dtype: str | None = No
 
 
 def load_folder(folder: Path, name: str, dtype: str | None) -> VLModel:
-    """A VLModel from an existing local mlx-vlm folder (``dtype=None``: the stored dtype, or the
-    platform's fastest for half-precision weights)."""
+    """A VLModel from an existing local mlx-vlm folder (``dtype=None``: the stored dtype; another
+    casts, and the repr says so: ``kvlab.models.dtypes``)."""
     import mlx_vlm
     from mlx_lm.tokenizer_utils import TokenizerWrapper
 
@@ -78,7 +78,9 @@ def load_folder(folder: Path, name: str, dtype: str | None) -> VLModel:
         model, processor = mlx_vlm.load(str(folder))  # an existing local folder: never the hub
     except (ValueError, FileNotFoundError, KeyError, OSError) as e:
         raise ModelNotFoundError(f"mlx-vlm cannot load {folder}: {e}. {HOW}") from e
-    dtype = cast(model, dtype)
+    stored = stored_dtype(model)
+    dtype, note = choose(stored, dtype)
+    cast(model, dtype)
     materialise(model)  # served from mlx-lm's generation thread: nothing may stay lazy here
     hf = processor.tokenizer
     if not getattr(hf, "chat_template", None):
@@ -92,4 +94,4 @@ def load_folder(folder: Path, name: str, dtype: str | None) -> VLModel:
     files = digest_files(folder, TOKENIZER_FILES + PROCESSOR_FILES)
     fp = sha256_json({"config": config, "weights": weights, "files": files, "dtype": dtype})
     return VLModel(name, model, tokenizer, fp, folder, config, dtype,
-                   context_length_of(config, hf), "vlm", processor)
+                   context_length_of(config, hf), "vlm", processor, stored_dtype=stored, dtype_note=note)

@@ -7,9 +7,11 @@ import polars as pl
 import pytest
 from notebook_helpers import execute, finding
 
+from kvlab.primitives.tolerance import tolerance
+
 pytestmark = [pytest.mark.notebook, pytest.mark.vlm]
 
-LOGIT_TOL = 1e-4    # the notebook's own `tolerance`: float32 cached vs cold, max |logit difference|
+LOGIT_TOL = tolerance("float32")  # the notebook's default: the tiny VLM is float32, cached vs cold (1e-4)
 WRONG_KV_MIN = 0.1  # another image's KV moves the tiny VLM's logits by far more than this
 
 
