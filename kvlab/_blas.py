@@ -52,21 +52,23 @@ def fast_blas_active() -> bool:
     return "openblas" in preload
 
 
-def warn_if_slow() -> None:
-    """Say once, with the fix, when MLX is running on the reference BLAS."""
-    if fast_blas_active() or _state["warned"]:
-        return
-    _state["warned"] = True
+def slow_message() -> str:
+    """The warning for MLX on the reference BLAS, with the fix (``kvlab.device`` says when it applies)."""
     why = ("mlx.core was imported before kvlab" if "mlx.core" in sys.modules and openblas_path()
            else "OpenBLAS is not installed")
-    warnings.warn(
-        f"kvlab: MLX is using the reference BLAS ({why}); float32 matmuls run ~40x slower. "
-        "Fix: `apt-get install libopenblas0-pthread` and `import kvlab` before mlx, "
-        "or start Python with LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3, "
-        "or use the `kvlab` Jupyter kernel.",
-        RuntimeWarning,
-        stacklevel=3,
-    )
+    return (f"kvlab: MLX is using the reference BLAS ({why}); float32 matmuls run ~40x slower. "
+            "Fix: `apt-get install libopenblas0-pthread` and `import kvlab` before mlx, "
+            "or start Python with LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3, "
+            "or use the `kvlab` Jupyter kernel.")
+
+
+def warn_once(message: str) -> None:
+    """Warn with ``message`` the first time only. Whether it applies (Linux CPU, not CUDA or a
+    Mac) is ``kvlab.device.warn_if_slow_blas``'s decision: this module must not import MLX."""
+    if _state["warned"]:
+        return
+    _state["warned"] = True
+    warnings.warn(message, RuntimeWarning, stacklevel=4)
 
 
 def env_with_fast_blas(env: dict | None = None) -> dict:

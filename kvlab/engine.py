@@ -17,7 +17,7 @@ import mlx.core as mx
 import polars as pl
 from mlx_lm.generate import generate_step
 
-from . import _blas
+from . import device
 from .checkpoints import parse_policy, prefill_stops
 from .errors import KvlabError, RequestError
 from .keys import CacheKey, cache_key
@@ -83,7 +83,7 @@ class Engine:
         self.quantized_kv_start = check_start(quantized_kv_start)
         self._kv = {"kv_bits": kv_bits, "kv_group_size": kv_group_size,
                     "quantized_kv_start": quantized_kv_start}
-        _blas.warn_if_slow()
+        device.warn_if_slow_blas()
         self.model = model
         self.store = store
         self.keying = keying

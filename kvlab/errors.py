@@ -49,6 +49,14 @@ class BudgetError(KvlabError, ValueError):
     """A store budget that cannot hold what is asked of it."""
 
 
+class BufferLimitError(BudgetError):
+    """A store that would keep more live buffers than the backend allows (Metal's resource limit)."""
+
+
+class DeviceError(KvlabError, ValueError):
+    """A backend name kvlab does not know (it knows cpu, metal, cuda)."""
+
+
 class TraceError(KvlabError, ValueError):
     """A trace file that is missing or malformed."""
 

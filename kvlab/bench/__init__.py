@@ -21,7 +21,7 @@ import os
 import platform
 from dataclasses import replace
 
-from .. import _blas
+from .. import device
 from ..errors import KvlabError
 from . import (blas, exp, hashing, memory, policies, proxy, quantization, served_checkpoints, serving, simulator,
                snapshot, tiers, ttft)
@@ -87,7 +87,13 @@ def run(model_name: str = "smollm2", repeats: int = 5, only=None, *, on_table=No
     return tables
 
 
-def machine() -> str:
-    """One line naming the machine a run was measured on (OS, cores, Python, BLAS)."""
+def machine(dev: device.Device | None = None) -> str:
+    """One line naming the machine a run was measured on (OS, cores, Python, and from
+    ``kvlab.device``: backend, device name, BLAS).
+
+    Example:
+        >>> machine(device.Device.for_backend("metal", info={"device_name": "Apple M2"}))  # doctest: +ELLIPSIS
+        '... cores, Python ..., metal (Apple M2), BLAS Accelerate'
+    """
     return (f"{platform.system()} {platform.machine()}, {os.cpu_count()} cores, Python "
-            f"{platform.python_version()}, BLAS {'OpenBLAS' if _blas.fast_blas_active() else 'reference'}")
+            f"{platform.python_version()}, {(dev or device.current()).label}")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import polars as pl
 
-from .. import _blas
+from .. import device
 from .runner import run_notebook
 
 # (who, question): a conversation of two turns, then another user of the same assistant
@@ -90,8 +90,10 @@ def main(model_name: str = "smollm2") -> int:
     t = time.perf_counter()
     model = kv.load(model_name)
     print(f"kvlab demo — {model!r} (loaded in {time.perf_counter() - t:.1f} s)")
-    blas = "OpenBLAS" if _blas.fast_blas_active() else "reference BLAS (slow: see README)"
-    print(f"BLAS: {blas}; float32 1024x896 @ 896x4864 matmul: {_matmul_gflops():.0f} GFLOP/s\n")
+    dev = device.current()
+    blas = dev.blas + (" (slow: see README)" if dev.slow_blas else "")
+    print(f"Device: {dev.backend} ({dev.name}); BLAS: {blas}; "
+          f"float32 1024x896 @ 896x4864 matmul: {_matmul_gflops():.0f} GFLOP/s\n")
 
     rows = shared_prefix_report(model)
     print(f"1. A shared system prompt of {rows[0]['system_prompt_tokens']} tokens (a coding assistant with "

@@ -32,6 +32,7 @@ import mlx.core as mx
 from mlx.utils import tree_flatten, tree_map
 from mlx_lm.models import cache as mlx_cache
 
+from .. import device
 from .display import summary_html
 from .layout import FULL_CLASSES
 from .snapshots import LayerState
@@ -93,7 +94,9 @@ def arrays_of(tree) -> list[mx.array]:
 
 
 def nbytes_of(tree) -> int:
-    return sum(a.nbytes for a in arrays_of(tree))
+    """Bytes the device holds for the arrays of ``tree``, each its own buffer: ``array.nbytes``
+    rounded up to the allocator's size (``kvlab.device.held_bytes``; the plain sum on CPU)."""
+    return device.held_bytes(arrays_of(tree))
 
 
 def copy_of(tree):

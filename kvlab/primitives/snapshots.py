@@ -21,6 +21,7 @@ import mlx.core as mx
 from mlx.utils import tree_flatten, tree_map
 from mlx_lm.models import cache as mlx_cache
 
+from .. import device
 from ..errors import NotTrimmableError, SnapshotError
 from .display import summary_html, table_html
 from .kv_format import maybe_quantize
@@ -222,12 +223,13 @@ def trim(snap: Snapshot, n: int) -> Snapshot:
 
 def compact(snap: Snapshot) -> Snapshot:
     """A copy whose arrays are exactly their valid size, what a store keeps: a snapshot's views keep
-    mlx-lm's whole preallocated buffer alive. Example: ``kept = kv.compact(snap)``."""
-    # mx.array copies (mx.contiguous returns a one-KV-head view as it is) into fresh memory: MLX's
-    mx.clear_cache()  # buffer cache would hand a small copy a freed buffer up to twice its size
+    mlx-lm's whole preallocated buffer alive. Its layers' ``nbytes`` are what the device holds for
+    them (``kvlab.device.held_bytes``: the arrays' nbytes on CPU, allocator sizes on a GPU). Example: ``kept = kv.compact(snap)``."""
+    # mx.array copies (mx.contiguous returns a one-KV-head view as it is), on CPU into fresh memory:
+    device.before_copies()  # (kvlab.device.Device.clears_cache_for_copies says why, and where not)
     states = [tree_map(lambda x: mx.array(x) if isinstance(x, mx.array) else x, layer.state) for layer in snap.layers]
     mx.eval(held := [[a for _, a in tree_flatten(s) if isinstance(a, mx.array)] for s in states])
-    return replace(snap, layers=tuple(LayerState(layer.kind, s, layer.tokens, sum(a.nbytes for a in h))
+    return replace(snap, layers=tuple(LayerState(layer.kind, s, layer.tokens, device.held_bytes(h))
                                       for layer, s, h in zip(snap.layers, states, held)))
 
 

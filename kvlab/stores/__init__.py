@@ -20,8 +20,8 @@ def make_store(name: str, *, budget_bytes: int | None = None, block_size: int = 
                model=None, ram: str = "radix", write_through: bool = False):
     """A fresh store by its short name (``"none"``: no store, the cold baseline).
 
-    ``budget_bytes`` caps every store's bytes (default 25% of RAM; for ``mlx-lru`` unbounded
-    bytes, ``max_size`` entries as in mlx-lm's server); ``block_size`` is the paged store's.
+    ``budget_bytes`` caps every store's bytes (default 25% of the memory the device can use,
+    ``kvlab.device``; for ``mlx-lru`` unbounded bytes, ``max_size`` entries as in mlx-lm's server); ``block_size`` is the paged store's.
     ``disk`` and ``tiered`` need ``disk_path`` (a folder) and ``model`` (whose files it serves);
     ``disk_budget_bytes`` caps the files (default a quarter of the free disk); ``tiered`` puts a
     ``ram`` store (``radix`` or ``paged``, of ``budget_bytes``) in front of the disk.

@@ -11,8 +11,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-import psutil
-
+from .. import device as devices
 from ..errors import BudgetError, KvlabError
 from ..keys import CacheKey
 from ..primitives.snapshots import Snapshot
@@ -191,9 +190,10 @@ class StoreBase:
         return getattr(self, f"{view}_frame")()
 
 
-def default_budget(fraction: float = 0.25) -> int:
-    """A fraction of this machine's physical memory, in bytes."""
-    return int(psutil.virtual_memory().total * fraction)
+def default_budget(fraction: float = 0.25, device: devices.Device | None = None) -> int:
+    """A fraction of the memory the device can use, in bytes (``kvlab.device``: Metal's
+    recommended working set, a CUDA GPU's memory, physical RAM on CPU)."""
+    return (device or devices.current()).default_budget(fraction)
 
 
 def check_budget(budget_bytes) -> int:

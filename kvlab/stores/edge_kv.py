@@ -19,6 +19,7 @@ from __future__ import annotations
 import mlx.core as mx
 from mlx.utils import tree_flatten, tree_map
 
+from .. import device
 from ..errors import SnapshotError
 from ..primitives.snapshots import LayerState, Snapshot
 
@@ -31,33 +32,35 @@ def _kv(layer: LayerState):
 
 
 def nbytes_of(snap: Snapshot, start: int, end: int) -> int:
-    """Bytes tokens [start, end) of ``snap`` take once cut (no copy is made to tell).
+    """Bytes tokens [start, end) of ``snap`` take once cut, as the device holds them (no copy is
+    made to tell).
 
     Example:
         >>> nbytes_of(snap, 0, snap.offset) == snap.nbytes
         True
     """
-    return sum(a[..., start:end, :].nbytes for layer in snap.layers for a in _arrays(_kv(layer)))
+    return device.held_bytes(a[..., start:end, :] for layer in snap.layers for a in _arrays(_kv(layer)))
 
 
 def cut(snap: Snapshot, start: int, end: int) -> Snapshot:
     """Tokens [start, end) of ``snap`` as a snapshot holding its own copy of their KV.
 
     A copy, not a view, so an edge never keeps a whole request buffer alive (``mx.array`` copies;
-    ``mx.contiguous`` returns a one-KV-head slice as the view it is), made in fresh memory: MLX's
-    buffer cache would hand a small copy a freed buffer up to twice its size.
+    ``mx.contiguous`` returns a one-KV-head slice as the view it is), made in fresh memory on CPU:
+    MLX's buffer cache would hand a small copy a freed buffer up to twice its size
+    (``kvlab.device.Device.clears_cache_for_copies``: not on Metal or CUDA).
 
     Example:
         >>> cut(snap, 4, 9).offset
         5
     """
     n = end - start
-    mx.clear_cache()
+    device.before_copies()
     layers = []
     for layer in snap.layers:
         kv = tree_map(lambda a: mx.array(a[..., start:end, :]), _kv(layer))
         layers.append(LayerState(layer.kind, (*kv, n, *layer.state[3:5]), n,
-                                 sum(a.nbytes for a in _arrays(kv))))
+                                 device.held_bytes(_arrays(kv))))
     mx.eval([_arrays(layer.state) for layer in layers])
     ids = None if snap.token_ids is None else snap.token_ids[start:end]
     return Snapshot(tuple(layers), n, ids, snap.fingerprint)

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 import polars as pl
 
+from .. import device as devices
 from ..errors import BlockSizeError, BudgetError, SnapshotError
 from ..keys import CacheKey
 from ..policies import KIND_PRIORITY, Unit, store_policy
@@ -49,7 +50,7 @@ from ..primitives.snapshots import Snapshot
 from ..primitives.tokens import Tokens
 from .base import Capabilities, Match
 from .budgeted import BudgetedStore
-from .paged_parts import Checkpoint, CheckpointBook, join_full, join_window, needs, obstacle
+from .paged_parts import Checkpoint, CheckpointBook, block_bytes, check_pool, join_full, join_window, needs, obstacle
 
 
 @dataclass(eq=False)
@@ -86,8 +87,8 @@ CHECKPOINT_TOKENS = 256  # default recurrent checkpoint interval, rounded up to 
 class PagedStore(CheckpointBook, BudgetedStore):
     """vLLM-style paged prefix cache (see module docstring).
 
-    ``num_blocks`` is the pool size; ``budget_bytes`` (default 25% of RAM) also caps the resident
-    bytes. Both bound what stays cached; ``policy`` (a name or a ``kvlab.policies.Policy``;
+    ``num_blocks`` is the pool size; ``budget_bytes`` (default 25% of the device's memory) also
+    caps the resident bytes. Both bound what stays cached; ``policy`` (a name or a ``kvlab.policies.Policy``;
     default the least recently freed block first) and ``policy_params`` say which block goes.
     ``checkpoint_every`` (a multiple of ``block_size``, default 256 tokens rounded up to one):
     how often a prompt of a model with recurrent layers is snapshotted at a block end besides its
@@ -98,13 +99,18 @@ class PagedStore(CheckpointBook, BudgetedStore):
     checkpoint taken mid-prompt is dropped once a deeper one on its path is kept, so a sliding
     model holds one window per cached prompt (``kvlab.stores.paged_parts.CheckpointBook``); True
     keeps every checkpoint's window, so a prompt branching off at any earlier message end reuses it.
+    ``device`` (default ``kvlab.device.current()``): where the blocks live; each block keeps a
+    buffer per full-attention layer for K and for V, and a backend with a buffer limit (Metal)
+    refuses a pool that could outgrow it: at construction when ``num_blocks`` alone does, else
+    when the first snapshot tells a block's buffers and bytes (``BufferLimitError``).
     """
 
     name = "paged"
 
     def __init__(self, block_size: int = 16, num_blocks: int | None = None, *,
                  budget_bytes: int | None = None, policy="lru", policy_params: dict | None = None,
-                 on_evict=None, checkpoint_every: int | None = None, keep_superseded_windows: bool = False):
+                 on_evict=None, checkpoint_every: int | None = None, keep_superseded_windows: bool = False,
+                 device: devices.Device | None = None):
         if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size <= 0:
             raise BlockSizeError(f"block_size must be a positive int (vLLM uses 16), got {block_size!r}")
         if num_blocks is not None and (isinstance(num_blocks, bool) or not isinstance(num_blocks, int)
@@ -115,11 +121,13 @@ class PagedStore(CheckpointBook, BudgetedStore):
             raise BlockSizeError(f"checkpoint_every must be a positive multiple of block_size={block_size} "
                                  f"(a block end; default {CHECKPOINT_TOKENS} rounded up to one), got "
                                  f"{checkpoint_every!r}")
-        super().__init__(budget_bytes, on_evict)  # on_evict(block_hash_hex, block snapshot)
+        super().__init__(budget_bytes, on_evict, device)  # on_evict(block_hash_hex, block snapshot)
         self.block_size = block_size
         self.checkpoint_every = every
         self.keep_superseded_windows = bool(keep_superseded_windows)
         self.num_blocks = num_blocks
+        if num_blocks is not None:
+            check_pool(self, None, 2)  # a block holds at least one layer's K and V
         # capacity in blocks; without num_blocks it is known once a snapshot gives a block's bytes
         self.policy = store_policy(policy, num_blocks, policy_params, store=self.name)
         self._policy_spec = None if num_blocks is not None or not isinstance(policy, str) else (policy, policy_params)
@@ -185,7 +193,9 @@ class PagedStore(CheckpointBook, BudgetedStore):
         self._check_model(snap)
         if self._parts is None:
             self._parts = structure_of(parts)
-        per_block = self._full_bytes_per_token(parts) * self.block_size
+        per_block = block_bytes(self.device, parts, self.block_size)
+        if not self._blocks:  # the first snapshot tells how many buffers a block keeps
+            check_pool(self, per_block, len(arrays_of([tuple(p.state[:2]) for p in parts if p.kind == "full"])))
         if self._policy_spec is not None:  # first blocks: size the policy to the budget in blocks
             name, params = self._policy_spec
             self.policy = store_policy(name, self.budget_bytes // max(per_block, 1), params, store=self.name)
@@ -229,18 +239,15 @@ class PagedStore(CheckpointBook, BudgetedStore):
         """A hit needs a checkpoint (this model has window or recurrent parts)."""
         return bool(self._parts) and bool(needs(self._parts))
 
-    def _full_bytes_per_token(self, parts) -> int:
-        return sum(a.nbytes // max(a.shape[-2], 1) for p in parts if p.kind == "full"
-                   for a in arrays_of(tuple(p.state[:2])))
 
     def _store(self, h: bytes, parent, ids, i: int, parts, fingerprint, kind: str) -> Block:
         s, e = i * self.block_size, (i + 1) * self.block_size
         # a copy per block (not a view) so a block never keeps a whole request buffer alive, in
-        # fresh memory: MLX's buffer cache would hand a small copy a freed buffer up to twice its size
-        mx.clear_cache()
+        # fresh memory on CPU: MLX's buffer cache would hand a small copy a freed buffer up to twice
+        devices.before_copies(self.device)  # its size (not on GPUs: Device.clears_cache_for_copies)
         kv = tuple(full_kv(p.state, s, e) for p in parts if p.kind == "full")
         mx.eval(arrays_of(kv))
-        nbytes = nbytes_of(kv)
+        nbytes = self.device.held_bytes(arrays_of(kv))
         while self._full(nbytes):
             self._evict_one()
         block = Block(next(self._ids), h, parent, tuple(ids[s:e]), kv, nbytes, fingerprint,

@@ -231,3 +231,23 @@ class CheckpointBook:
         return {**dict(zip(COMPONENTS, (full, window, recurrent))), "checkpoints": len(self._checkpoints),
                 "window_tokens": tokens}
 
+
+
+def block_bytes(device, parts, block_size: int) -> int:
+    """What one block's full-attention copies of ``parts`` hold on ``device`` (a ``kvlab.device.Device``)."""
+    return sum(device.allocation_bytes(a.nbytes // max(a.shape[-2], 1) * block_size)
+               for p in parts if p.kind == "full" for a in arrays_of(tuple(p.state[:2])))
+
+
+def check_pool(store, per_block: int | None, buffers: int) -> None:
+    """Refuse a paged ``store`` whose pool could keep more buffers than its device allows: as many
+    blocks as ``num_blocks`` or the budget (blocks of ``per_block`` bytes; None: not known yet)
+    has room for, ``buffers`` each (``kvlab.errors.BufferLimitError``)."""
+    blocks = store.num_blocks
+    if per_block is not None:
+        by_budget = store.budget_bytes // max(per_block, 1)
+        blocks = by_budget if blocks is None else min(blocks, by_budget)
+    what = f"paged: {blocks:,} blocks of {store.block_size} tokens x {buffers} buffers (K and V per layer)"
+    fix = (f"raise block_size (now {store.block_size}) or lower budget_bytes (now {store.budget_bytes:,})"
+           + ("" if store.num_blocks is None else f" or num_blocks (now {store.num_blocks:,})"))
+    store.device.check_buffers(blocks * buffers, what, fix)

@@ -67,8 +67,8 @@ class Node:
 
 
 class RadixStore(BudgetedStore):
-    """Token-level radix tree (see module docstring). ``budget_bytes`` defaults to 25% of RAM;
-    ``policy`` (a name or a ``kvlab.policies.Policy``) and ``policy_params`` choose eviction."""
+    """Token-level radix tree (see module docstring). ``budget_bytes`` defaults to 25% of the
+    device's memory (``kvlab.device``); ``policy`` (a name or a ``kvlab.policies.Policy``) and ``policy_params`` choose eviction."""
 
     name = "radix"
 

@@ -25,7 +25,7 @@ import polars as pl
 
 import mlx.core as mx
 
-from ..primitives.cache_parts import WINDOWED, Part, copy_of, nbytes_of, window_kv, window_size, windowed_state
+from ..primitives.cache_parts import WINDOWED, Part, arrays_of, copy_of, nbytes_of, window_kv, window_size, windowed_state
 from ..primitives.display import summary_html, table_html
 from ..primitives.snapshots import LayerState, Snapshot
 from .paged_parts import COMPONENTS, Checkpoint
@@ -60,6 +60,12 @@ class Node:
     def nbytes(self) -> int:
         """Its KV and its checkpoints."""
         return self.kv_nbytes + sum(cp.nbytes for cp in self.checkpoints.values())
+
+    @property
+    def buffers(self) -> int:
+        """Device buffers it keeps alive (Metal limits their number): its KV's and its checkpoints'."""
+        kv = 0 if self.kv is None else len(arrays_of([layer.state[:2] for layer in self.kv.layers]))
+        return kv + sum(len(arrays_of(list(cp.states.values()))) for cp in self.checkpoints.values())
 
     @property
     def start(self) -> int:

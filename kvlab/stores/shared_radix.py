@@ -12,6 +12,9 @@ of the insert running: its nodes are locked) can go, chosen by ``policy`` (any o
 ``kvlab.policies.POLICIES``, default ``"lru"``) among those. Each node is one policy unit of its
 bytes (capacity: ``budget_bytes``), depth = its first token's position, parent = its parent
 node; an insert accesses every node on its path, tail first, as PagedStore does with its blocks.
+On a backend that limits live buffers (Metal: ``kvlab.device``), the limit is a second capacity:
+leaves go for room in buffers as for bytes, and an insert whose path alone would exceed it is refused
+(``BufferLimitError``).
 The policy interface has no resize, so a split re-registers both halves (the untouched half
 loses its history and counts as used now). Room is made before new KV is copied in, so the
 bytes held never exceed the budget.
@@ -47,7 +50,7 @@ import polars as pl
 from ..errors import SnapshotError
 from ..keys import CacheKey
 from ..policies import KIND_PRIORITY, Unit, store_policy
-from ..primitives.cache_parts import WINDOWED, assemble, fresh_of, parts_of, structure_of
+from ..primitives.cache_parts import WINDOWED, arrays_of, assemble, fresh_of, parts_of, structure_of
 from ..primitives.snapshots import Snapshot
 from ..primitives.tokens import Tokens, common_prefix_len
 from .base import Capabilities, Match, too_big
@@ -61,15 +64,16 @@ SPLIT = "split"  # the reason logged when a node is replaced by its two halves
 
 class SharedRadixStore(BudgetedStore):
     """Radix tree of shared KV slices (see module docstring). ``budget_bytes`` defaults to 25% of
-    RAM; ``policy`` (a name or a ``kvlab.policies.Policy``) and ``policy_params`` choose which
+    the device's memory (``device``: ``kvlab.device.current()`` unless given); ``policy`` (a name or a ``kvlab.policies.Policy``) and ``policy_params`` choose which
     leaf goes; ``on_evict(node_id: str, snapshot)`` receives the KV of the whole path down to a
     node before it is evicted for room (a tier below could keep it)."""
 
     name = "shared-radix"
 
     def __init__(self, budget_bytes: int | None = None, *, policy="lru", policy_params: dict | None = None,
-                 on_evict=None):
-        super().__init__(budget_bytes, on_evict)
+                 on_evict=None, device=None):
+        super().__init__(budget_bytes, on_evict, device)
+        self._buffers = 0  # device buffers held (Node.buffers), bounded by device.buffer_limit
         self.policy = store_policy(policy, self.budget_bytes, policy_params, store=self.name)
         self.root = Node(0, (), None, 0, None, "root")
         self._nodes: dict[int, Node] = {}
@@ -146,13 +150,18 @@ class SharedRadixStore(BudgetedStore):
         new = nbytes_of(snap, depth, n) + (cp.nbytes if cp else 0)
         if held + new > self.budget_bytes:
             raise too_big(self.name, held + new, self.budget_bytes)
+        per_node = len(arrays_of([layer.state[:2] for layer in snap.layers]))  # K and V per layer
+        new_buffers = per_node * (depth < n) + (len(arrays_of(list(cp.states.values()))) if cp else 0)
+        self.device.check_buffers(sum(x.buffers for x in path) + new_buffers + per_node,  # + a split
+                                  f"{self.name}: this request's path", "send shorter prompts or use a "
+                                  "PagedStore with a bigger block_size")
         if path and path[-1].depth > depth and depth < n:
             path[-1] = self._split(path[-1], depth - path[-1].start)  # parts ways inside the edge
         locked = list(path)
         for x in locked:
             x.lock += 1
         try:
-            self._make_room(new)
+            self._make_room(new, new_buffers)
             if depth < n:
                 parent = path[-1] if path else self.root
                 leaf = Node(next(self._ids), sym[depth:], parent, n, cut(snap, depth, n), kind)
@@ -198,6 +207,7 @@ class SharedRadixStore(BudgetedStore):
     def _add_checkpoint(self, node: Node, cp, kind: str) -> None:
         node.checkpoints[cp.position] = cp
         self._bytes += cp.nbytes
+        self._buffers += len(arrays_of(list(cp.states.values())))
         self.policy.remove(node.id)  # no resize in the policy interface: the insert re-registers it
         self.log.add("checkpoint_stored", tokens=cp.position, nbytes=cp.nbytes, entry=node.id, kind=kind)
 
@@ -218,6 +228,7 @@ class SharedRadixStore(BudgetedStore):
     def _add(self, node: Node) -> None:
         self._nodes[node.id] = node
         self._bytes += node.nbytes
+        self._buffers += node.buffers
         # a split's halves carry their checkpoints' bytes, so evict and insert events still balance
         self.log.add("insert", tokens=node.tokens, nbytes=node.nbytes, entry=node.id, kind=node.kind)
 
@@ -240,6 +251,7 @@ class SharedRadixStore(BudgetedStore):
         parent.children[head.edge[0]] = head
         del self._nodes[node.id]
         self._bytes -= node.nbytes
+        self._buffers -= node.buffers
         self.policy.remove(node.id)
         self.log.add("evict", tokens=node.tokens, nbytes=node.nbytes, entry=node.id, reason=SPLIT)
         for x in (head, tail):
@@ -251,8 +263,10 @@ class SharedRadixStore(BudgetedStore):
         node = self._nodes[key]
         return not node.children and node.lock == 0
 
-    def _make_room(self, incoming: int) -> None:
-        while self._bytes + incoming > self.budget_bytes:
+    def _make_room(self, incoming: int, buffers: int = 0) -> None:
+        limit = self.device.buffer_limit
+        while (self._bytes + incoming > self.budget_bytes
+               or (limit is not None and self._buffers + buffers > limit)):
             self._evict(self._nodes[self.policy.victim(self._evictable)])
 
     def _evict(self, node: Node) -> None:
@@ -262,6 +276,7 @@ class SharedRadixStore(BudgetedStore):
         del self._nodes[node.id]
         self.policy.remove(node.id)  # a no-op after the policy chose it as victim
         self._bytes -= node.nbytes
+        self._buffers -= node.buffers
         self.evictions += 1
         for cp in node.checkpoints.values():  # first, as PagedStore drops a block's checkpoint
             self.log.add("checkpoint_removed", tokens=cp.position, nbytes=cp.nbytes, entry=node.id,

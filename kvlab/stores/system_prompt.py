@@ -50,7 +50,8 @@ class SystemEntry:
 
 
 class SystemPromptStore(StoreBase):
-    """One cached system prompt (see module docstring). ``budget_bytes`` defaults to 25% of RAM."""
+    """One cached system prompt (see module docstring). ``budget_bytes`` defaults to 25% of the
+    device's memory (``kvlab.device``)."""
 
     name = "system"
 

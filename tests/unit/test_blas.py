@@ -36,7 +36,8 @@ def test_import_kvlab_maps_openblas_before_mlx():
 
 @linux_with_openblas
 def test_mlx_first_warns_once_with_the_fix():
-    out = run("import mlx.core; import kvlab._blas as b; b.load_fast_blas(); b.warn_if_slow(); b.warn_if_slow();"
+    out = run("import mlx.core; import kvlab._blas as b; b.load_fast_blas();"
+              "import kvlab.device as d; d.warn_if_slow_blas(); d.warn_if_slow_blas();"
               "print(b.fast_blas_active())")
     assert out.stdout.strip() == "False"
     assert out.stderr.count("kvlab: MLX is using the reference BLAS") == 1

@@ -151,7 +151,7 @@ class IgnoresLocks(SharedRadixStore):
 class InsertsThenEvicts(SharedRadixStore):
     """RadixStore's order: the new KV first, room after (the budget is exceeded meanwhile)."""
 
-    def _make_room(self, incoming):
+    def _make_room(self, incoming, buffers=0):
         pass
 
     def _add(self, node):
