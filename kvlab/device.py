@@ -159,6 +159,12 @@ class Device:
         """Linux CPU on the mlx[cpu] wheel's reference BLAS: the only place matmuls run ~40x slow."""
         return self.backend == "cpu" and self.system == "Linux" and not self.fast_blas
 
+    @property
+    def half_precision_slow(self) -> bool:
+        """Half-precision matmuls much slower than float32: CPU off macOS, where bf16/fp16 skip BLAS
+        (~5 GFLOP/s against 200+ for float32 with OpenBLAS). Not on macOS (Accelerate), not on a GPU."""
+        return self.backend == "cpu" and self.system != "Darwin"
+
     def check_buffers(self, needed: int, what: str, fix: str) -> None:
         """Refuse a store that would keep more live buffers than the backend allows."""
         if self.buffer_limit is not None and needed > self.buffer_limit:

@@ -12,7 +12,6 @@ Example:
 
 from __future__ import annotations
 
-import sys
 from collections import Counter
 
 from .. import _blas
@@ -22,6 +21,7 @@ _blas.load_fast_blas()  # before mlx.core
 import mlx.core as mx  # noqa: E402
 from mlx.utils import tree_flatten  # noqa: E402
 
+from ..device import current as current_device  # noqa: E402
 from ..errors import KvlabError  # noqa: E402
 
 DTYPES = ("float16", "bfloat16", "float32")
@@ -31,7 +31,7 @@ HALF = ("float16", "bfloat16")
 def half_is_slow() -> bool:
     """True where half-precision matmuls are much slower than float32: Linux CPU, where bf16/fp16
     skip BLAS (~5 GFLOP/s against 200+ for float32 with OpenBLAS). Not on macOS, not on a GPU."""
-    return sys.platform != "darwin" and mx.default_device().type == mx.DeviceType.cpu
+    return current_device().half_precision_slow
 
 
 def default_dtype() -> str:
@@ -87,9 +87,9 @@ def require_stored_dtype(model, peer: str) -> None:
         Traceback (most recent call last):
         kvlab.errors.KvlabError: tiny runs in bfloat16 but its folder stores float32, ...
     """
-    stored, runs = getattr(model, "stored_dtype", None), getattr(model, "dtype", None)
-    if stored and runs and stored != runs:
-        raise KvlabError(f"{getattr(model, 'name', model)} runs in {runs} but its folder stores {stored}, "
+    stored, runs = model.stored_dtype, model.dtype
+    if stored != runs:
+        raise KvlabError(f"{model.name} runs in {runs} but its folder stores {stored}, "
                          f"the dtype {peer} loads (it cannot be told another): a benchmark against it "
                          f"would compare {runs} with {stored}. Drop --dtype (every server then runs "
                          f"{stored}), or convert the folder to {runs} first (mlx_lm.convert --dtype "

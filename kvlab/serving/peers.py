@@ -35,99 +35,14 @@ from pathlib import Path
 from .._blas import env_with_fast_blas
 from ..errors import KvlabError
 from ..primitives.display import summary_html
+# the peers' venv (vllm-mlx pins mlx-lm below 0.32) lives in its own module; names kept here
+from .peer_venv import (VLLM_MLX, PeerError, ensure_peers_venv, peer_mlx_lm_requirement,  # noqa: F401
+                        peers_venv)
 
-VLLM_MLX = "vllm-mlx==0.6.0"
-VLLM_MLX_LM = "mlx-lm{extra}==0.31.3"
-VLLM_MLX_DEPS = ("fastapi", "starlette", "uvicorn", "psutil",
-                 "prometheus-client", "jsonschema", "pillow", "tqdm", "requests", "tabulate", "pytz",
-                 "python-multipart")
 MODES = {"simple": (), "batched": ("--continuous-batching",),
          "paged": ("--continuous-batching", "--use-paged-cache")}
 _LIVE: dict[int, "PeerServer"] = {}
 _CACHE_FETCH = re.compile(r"\[cache_fetch\] request=(\S+) (HIT|MISS) prompt_tokens=(\d+)(?: cached=(\d+))?")
-
-
-class PeerError(KvlabError, RuntimeError):
-    """A peer server that cannot be installed, started or reached."""
-
-
-# mlx-lm 0.31.3's extras per backend wheel (mlx[cuda] is mlx-cuda-12)
-_BACKEND_EXTRAS = {"mlx-cpu": "cpu", "mlx-cuda-12": "cuda12", "mlx-cuda-13": "cuda13"}
-
-
-def peer_mlx_lm_requirement() -> str:
-    """The mlx-lm requirement for the peers' venv, on the MLX backend kvlab's own environment runs:
-    mlx-cpu and mlx-cuda both ship ``mlx/lib/libmlx.so``, so a CUDA machine must not get mlx[cpu].
-    ``$KVLAB_BACKEND`` (cpu, cuda) decides first; macOS needs no extra (plain mlx is Metal).
-
-    Example:
-        >>> peer_mlx_lm_requirement()          # on Linux with mlx[cpu] installed
-        'mlx-lm[cpu]==0.31.3'
-    """
-    from importlib import metadata
-
-    if sys.platform == "darwin":
-        return VLLM_MLX_LM.format(extra="")
-    wanted = os.environ.get("KVLAB_BACKEND", "")
-    if wanted:
-        extras = {"cpu": "cpu", "cuda": "cuda12"}
-        if wanted not in extras:
-            raise PeerError(f"KVLAB_BACKEND={wanted!r}: on Linux the MLX backend is 'cpu' or 'cuda'")
-        return VLLM_MLX_LM.format(extra=f"[{extras[wanted]}]")
-    for dist, extra in _BACKEND_EXTRAS.items():
-        try:
-            metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            continue
-        return VLLM_MLX_LM.format(extra=f"[{extra}]")
-    return VLLM_MLX_LM.format(extra="[cpu]")
-
-
-def peers_venv() -> Path:
-    """Where the peers' virtual environment lives: ``$KVLAB_PEERS_VENV``, else ``.venv-peers`` in the
-    repository checkout kvlab runs from, else ``$KVLAB_HOME/venv-peers``."""
-    if os.environ.get("KVLAB_PEERS_VENV"):
-        return Path(os.environ["KVLAB_PEERS_VENV"]).expanduser().resolve()
-    repo = Path(__file__).resolve().parents[2]
-    if (repo / "pyproject.toml").is_file():
-        return repo / ".venv-peers"
-    from ..models.loading import kvlab_home
-
-    return kvlab_home() / "venv-peers"
-
-
-def ensure_peers_venv(path=None, *, quiet: bool = True) -> Path:
-    """Create the peers' venv with vllm-mlx installed (``--no-deps``, then the packages its server
-    imports); idempotent (a stamp file names what is installed) and safe to call from several
-    processes at once (a file lock). Returns the venv's path.
-
-    Example:
-        >>> ensure_peers_venv()
-        PosixPath('/work/kvlab/.venv-peers')
-    """
-    from filelock import FileLock
-
-    path = Path(path) if path is not None else peers_venv()
-    deps = (peer_mlx_lm_requirement(), *VLLM_MLX_DEPS)
-    want = " ".join((VLLM_MLX, *deps))
-    stamp = path / ".kvlab-peers-installed"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(path) + ".lock"):
-        if stamp.is_file() and stamp.read_text() == want and (path / "bin" / "vllm-mlx").exists():
-            return path
-        if not quiet:
-            print(f"kvlab: installing {VLLM_MLX} into {path} (takes a minute)", file=sys.stderr)
-        pip = [str(path / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
-        steps = ([[sys.executable, "-m", "venv", str(path)]] if not (path / "bin" / "python").exists() else [])
-        steps += [pip + ["--no-deps", VLLM_MLX], pip + list(deps)]
-        for cmd in steps:
-            proc = subprocess.run(cmd, capture_output=True, text=True)
-            if proc.returncode != 0:
-                raise PeerError(f"installing the peers' venv failed at `{' '.join(cmd[-3:])}` "
-                                f"(exit {proc.returncode}): {(proc.stderr or proc.stdout)[-800:]}. "
-                                f"Check network access to PyPI, or delete {path} and retry")
-        stamp.write_text(want)
-    return path
 
 
 @dataclass(eq=False)
@@ -235,8 +150,7 @@ def start_vllm_mlx(model="tiny", mode: str = "batched", *, port: int | None = No
     """
     if mode not in MODES:
         raise PeerError(f"unknown vllm-mlx mode {mode!r}; use one of {', '.join(MODES)}")
-    from ..models.dtypes import require_stored_dtype  # imports mlx: only when a peer starts
-    require_stored_dtype(model, "vllm-mlx")
+    refuse_a_cast(model, "vllm-mlx")
     venv = ensure_peers_venv()
     folder = model_folder(model)
     port = port or free_port()
@@ -266,8 +180,7 @@ def start_mlx_lm(model="tiny", *, port: int | None = None, prompt_cache_size: in
         >>> with start_mlx_lm("tiny") as srv:
         ...     kv.generate_load(srv.url, "multi_turn", concurrency=2, num_requests=6)
     """
-    from ..models.dtypes import require_stored_dtype  # imports mlx: only when a peer starts
-    require_stored_dtype(model, "mlx_lm.server")
+    refuse_a_cast(model, "mlx_lm.server")
     folder = model_folder(model)
     port = port or free_port()
     args = ["--model", str(folder), "--host", "127.0.0.1", "--port", str(port),
@@ -328,6 +241,16 @@ def start_kvlab_proxy(upstream: str, *, tokenizer=None, port: int | None = None,
 def live() -> list[PeerServer]:
     """The peer servers this process started and has not stopped yet."""
     return list(_LIVE.values())
+
+
+def refuse_a_cast(model, peer: str) -> None:
+    """A loaded kvlab model cast away from its folder's dtype cannot be compared with ``peer``,
+    which loads the folder as stored (``kvlab.models.dtypes.require_stored_dtype``)."""
+    from ..models.dtypes import require_stored_dtype  # imports mlx: only when a peer starts
+    from ..models.loading import Model
+
+    if isinstance(model, Model):
+        require_stored_dtype(model, peer)
 
 
 def model_folder(model) -> Path:
