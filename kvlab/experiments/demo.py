@@ -9,7 +9,7 @@
 from __future__ import annotations
 
 import statistics
-import time
+from ..primitives import timing
 from pathlib import Path
 
 import polars as pl
@@ -27,10 +27,10 @@ def _matmul_gflops() -> float:
 
     a, w = mx.random.normal((1024, 896)), mx.random.normal((896, 4864))
     mx.eval(a, w, a @ w)
-    t = time.perf_counter()
+    t = timing.timed()
     for _ in range(5):
         mx.eval(a @ w)
-    return 2 * 1024 * 896 * 4864 / ((time.perf_counter() - t) / 5) / 1e9
+    return 2 * 1024 * 896 * 4864 / (t.done() / 5) / 1e9
 
 
 def shared_prefix_report(model, system_tokens: int = 400, max_tokens: int = 24) -> list[dict]:
@@ -87,9 +87,9 @@ def billing_header_report(model) -> dict:
 def main(model_name: str = "smollm2") -> int:
     import kvlab as kv
 
-    t = time.perf_counter()
+    t = timing.timed()
     model = kv.load(model_name)
-    print(f"kvlab demo — {model!r} (loaded in {time.perf_counter() - t:.1f} s)")
+    print(f"kvlab demo — {model!r} (loaded in {t.done():.1f} s)")
     blas = "OpenBLAS" if _blas.fast_blas_active() else "reference BLAS (slow: see README)"
     print(f"BLAS: {blas}; float32 1024x896 @ 896x4864 matmul: {_matmul_gflops():.0f} GFLOP/s\n")
 

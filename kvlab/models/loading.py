@@ -13,7 +13,7 @@ import functools
 import json
 import os
 import sys
-import time
+from ..primitives import timing
 import warnings
 from collections import Counter
 from pathlib import Path
@@ -203,14 +203,14 @@ def prepare(dtype: str | None = None) -> dict[str, Path]:
 
         >>> prepare()   # kvlab: smollm2 built in 4.1s, tiny built in 1.4s, tiny-hybrid ...
     """
-    t0, done, folders = time.perf_counter(), [], {}
+    t0, done, folders = timing.timed(), [], {}
     for name, ensure in (("smollm2", lambda: _ensure_smollm2(dtype or default_dtype(), True)),
                          ("tiny", lambda: ensure_tiny(False, True)),
                          ("tiny-hybrid", lambda: ensure_tiny(True, True))):
-        start = time.perf_counter()
+        start = timing.timed()
         folders[name], built = ensure()
-        done.append(f"{name} {'built' if built else 'ready'} in {time.perf_counter() - start:.1f}s")
-    total = time.perf_counter() - t0
+        done.append(f"{name} {'built' if built else 'ready'} in {start.done():.1f}s")
+    total = t0.done()
     print(f"kvlab: {', '.join(done)} ({total:.1f}s) -> {kvlab_home() / 'models'}")
     return folders
 

@@ -7,7 +7,7 @@ change a store makes is a ``StoreEvent``, which the Engine drains into ``engine.
 
 from __future__ import annotations
 
-import time
+from ..primitives import timing
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -63,7 +63,7 @@ class StoreEvent:
     kind: str | None = None
     reason: str | None = None
     capacity: bool = False
-    t: float = field(default_factory=time.perf_counter)
+    t: float = field(default_factory=timing.now)
     tier: str | None = None
 
     @property
