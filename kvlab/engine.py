@@ -11,7 +11,6 @@ Example:
 from __future__ import annotations
 
 import itertools
-import time
 
 import mlx.core as mx
 import polars as pl
@@ -22,6 +21,7 @@ from .checkpoints import parse_policy, prefill_stops
 from .errors import KvlabError, RequestError
 from .keys import CacheKey, cache_key
 from .policies.reasons import ALL_REASONS
+from .primitives import timing
 from .primitives.display import summary_html, table_html
 from .primitives.kv_format import check_settings, check_start, head_dims_of
 from .primitives.snapshots import advance, make_cache, prefill, snapshot
@@ -102,7 +102,7 @@ class Engine:
         self.results: list[Result] = []
         self._events: list[dict] = []
         self._ids = itertools.count(1)
-        self._t0 = time.perf_counter()
+        self._t0 = timing.now()
         self._last_cached: tuple[int, ...] | None = None  # what the last request left cached
         self._last_prompt_len = 0
         self._last_messages: tuple | None = None
@@ -151,22 +151,22 @@ class Engine:
                         salt=salt if salt is not None else req_salt, image_keys=self.image_keys)
         rid = next(self._ids)
         drift = self._drift(toks)
-        start = time.perf_counter()
+        start = timing.timed()
         found = self.core.lookup(rid, key, toks, limit=len(ids) - 1)
         waited = self.checkpoint_policy.why_missed(toks, found.reused) if self.store is not None else ""
 
-        t = time.perf_counter()
+        t = timing.timed()
         logits, cache, checkpoints, last_stop = self._prefill(rid, toks, found.reused, found.cache, key)
         first = int(mx.argmax(logits).item())
-        prefill_s = time.perf_counter() - t
-        ttft = time.perf_counter() - start
+        prefill_s = t.done(logits)
+        ttft = start.done()
         if last_stop is not None:
             self.core.offer(rid, *last_stop, kind="checkpoint")
         prompt_snap = snapshot(cache, tokens=ids, model=self.model) if self.store is not None else None
 
-        t = time.perf_counter()
+        t = timing.timed()
         out, ran = self._decode(first, cache, max_tokens)
-        decode_s = time.perf_counter() - t
+        decode_s = t.done()
 
         seq, inserted, snap = ids, key, prompt_snap
         if self.keying == "prompt+output" and self.store is not None:
@@ -278,7 +278,7 @@ class Engine:
     def _event(self, rid, event, tokens, nbytes, entry, detail=None):
         self._events.append({"request": rid, "event": event, "tokens": int(tokens), "bytes": int(nbytes),
                              "entry": None if entry is None else str(entry),
-                             "t": time.perf_counter() - self._t0, "detail": detail})
+                             "t": timing.now() - self._t0, "detail": detail})
 
     @property
     def events(self) -> pl.DataFrame:

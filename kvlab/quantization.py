@@ -15,12 +15,11 @@ Example:
 
 from __future__ import annotations
 
-import time
-
 import mlx.core as mx
 import polars as pl
 
 from .errors import QuantizationError
+from .primitives import timing
 from .primitives.kv_format import GROUP_SIZES, check_settings, kv_format, layer_format, maybe_quantize
 from .primitives.kv_format import quantized_bytes_per_token
 from .primitives.snapshots import LayerState, Snapshot, make_cache, prefill, restore, snapshot
@@ -139,9 +138,9 @@ def _compare(ref, other) -> tuple[float, float, float]:
 def _timed_eval(model, ids, cache, **quant):
     mx.eval([c.state for c in cache])  # the conversion is not part of the measured run
     mx.reset_peak_memory()
-    active, t = mx.get_active_memory(), time.perf_counter()
+    active, t = mx.get_active_memory(), timing.timed()
     logits, cache = prefill(model, ids, cache, all_logits=True, **quant)
-    secs, peak = time.perf_counter() - t, int(mx.get_peak_memory())
+    secs, peak = t.done(logits, [layer.state for layer in cache]), int(mx.get_peak_memory())
     return logits, cache, secs, (peak, peak - active)
 
 

@@ -33,12 +33,12 @@ Example:
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, replace
 
 from .errors import NotTrimmableError, SnapshotError
 from .keys import CacheKey
 from .miss_reasons import Explained, MissIndex
+from .primitives import timing
 from .primitives.display import summary_html
 from .primitives.kv_format import check_reusable
 from .primitives.snapshots import Snapshot, restore, trim
@@ -104,7 +104,7 @@ class PrefixCache:
     def lookup(self, request, key: CacheKey, tokens, *, limit: int) -> Reuse:
         """What to restore for ``key`` (at most ``limit`` tokens: one less than the prompt, whose
         last token is always recomputed) and why every other token missed."""
-        start = time.perf_counter()
+        start = timing.timed()
         match, why = MISS, ""
         if self.store is None:
             why = "no store"
@@ -114,9 +114,9 @@ class PrefixCache:
             match = self.store.lookup(key, tokens, limit=limit)
             # a store that cannot hold this model's cache misses for that reason, not for its own
             why = self.store_refuses if self.store_refuses and not match.tokens else match.why
-        lookup_s = time.perf_counter() - start
+        lookup_s = start.done()
         self.emit(request, "lookup", len(key.ids), 0, None, match.kind)
-        t = time.perf_counter()
+        t = timing.timed()
         cache, reused, refused = None, 0, 0
         if match.snapshot is not None and match.tokens > 0:
             try:
@@ -125,7 +125,7 @@ class PrefixCache:
             except NotTrimmableError as e:
                 refused, why = match.tokens, f"could not trim the matched entry: {e}"
                 self.emit(request, "refused", refused, 0, match.entry_id, str(e))
-        restore_s = time.perf_counter() - t
+        restore_s = t.done([layer.state for layer in cache or ()])
         untrimmable = not self.layout.restores_anywhere or refused > 0
         missed = self.misses.explain(key, reused, untrimmable=untrimmable, refused=refused)
         if reused:

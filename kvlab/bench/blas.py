@@ -14,18 +14,19 @@ from .table import Table, spread
 NEEDS_MODEL = False
 
 _PROBE = r"""
-import json, os, sys, time
+import json, os, sys
 import kvlab, kvlab._blas as b
+from kvlab.primitives.timing import timed
 import mlx.core as mx
 a, w = mx.random.normal((1024, 896)), mx.random.normal((896, 4864)); mx.eval(a, w, a @ w)
 g = []
 for _ in range(int(sys.argv[2])):
-    t = time.perf_counter(); mx.eval(a @ w); g.append(2*1024*896*4864/(time.perf_counter()-t)/1e9)
+    t = timed(); mx.eval(a @ w); g.append(2*1024*896*4864/t.done()/1e9)
 m = kvlab.load(sys.argv[1]); ids = list(range(1000, 1256))
 kvlab.prefill(m, ids[:16])
 p = []
 for _ in range(int(sys.argv[2])):
-    t = time.perf_counter(); kvlab.prefill(m, ids); p.append(256/(time.perf_counter()-t))
+    t = timed(); kvlab.prefill(m, ids); p.append(256/t.done())
 print(json.dumps({"fast": b.fast_blas_active(), "gflops": g, "prefill_tps": p}))
 """
 

@@ -3,9 +3,9 @@ bounds long-context prefill on this machine (the finding BENCHMARKS.md states is
 
 from __future__ import annotations
 
-import time
 
 from .settings import Settings
+from ..primitives import timing
 from .table import Table, median_range, spread
 
 NEEDS_MODEL = False
@@ -28,9 +28,9 @@ def bench_exp(repeats: int, n: int = 2_400_000) -> Table:
     times = {name: [] for name in runs}
     for _ in range(max(repeats, 3)):
         for name, fn in runs.items():  # interleaved, so both see the same machine load
-            t = time.perf_counter()
+            t = timing.timed()
             fn()
-            times[name].append(time.perf_counter() - t)
+            times[name].append(t.done())
     stats = {name: spread(xs) for name, xs in times.items()}
     rows = tuple((name, median_range(s, 1e3), f"{n / s['median'] / 1e6:.1f}") for name, s in stats.items())
     return Table(f"elementwise exp of {n:,} float32 values (softmax's cost on CPU)",

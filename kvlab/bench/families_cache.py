@@ -14,8 +14,8 @@ Example:
 from __future__ import annotations
 
 import random
-import time
 
+from ..primitives import timing
 from .families import Section
 from .settings import Settings
 from .table import Table, ms, spread
@@ -63,14 +63,14 @@ def bench_hybrid_ttft(repeats: int, model_type: str = HYBRID, n: int = PROMPT_TO
             reused[name] = r.reused_tokens
             diff[name] = r.verify_diff if rep == 0 else diff[name]
         cache = restore(stored)
-        t = time.perf_counter()
+        t = timing.timed()
         logits, _ = prefill(model, ids[p:], cache)
         int(logits.argmax().item())
-        seconds["limit"].append(time.perf_counter() - t)
-        t = time.perf_counter()
+        seconds["limit"].append(t.done())
+        t = timing.timed()
         logits, _ = prefill(model, ids)
         int(logits.argmax().item())
-        seconds["cold prefill"].append(time.perf_counter() - t)
+        seconds["cold prefill"].append(t.done())
     stats = {name: spread(xs[1:]) for name, xs in seconds.items()}
     limit = stats["limit"]["median"]
     rows = tuple((name, reused.get(name, p if name == "limit" else 0), ms(s), f"{s['median'] / limit:.2f}x",

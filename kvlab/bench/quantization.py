@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import os
 import tempfile
-import time
 
+from ..primitives import timing
 from .settings import Settings
 from .table import Table, ms, spread
 
@@ -51,12 +51,12 @@ def bench_quantized_files(model, repeats: int, tokens: int = 1024) -> list[tuple
         for r in range(max(repeats, 3)):
             for f, snap in snaps.items():  # interleaved, so drift hits every format alike
                 path = os.path.join(d, f"{_name(*f)}-{r}.safetensors")
-                t = time.perf_counter()
+                t = timing.timed()
                 save(snap, path)
-                saves[f].append(time.perf_counter() - t)
-                t = time.perf_counter()
+                saves[f].append(t.done())
+                t = timing.timed()
                 load_snapshot(path, model, kv_format=kv_format(snap))
-                loads[f].append(time.perf_counter() - t)
+                loads[f].append(t.done())
                 sizes[f] = os.path.getsize(path)
                 os.remove(path)
     rows = []
@@ -85,10 +85,10 @@ def bench_sweep_cost(model, repeats: int, prefix: int = 64, eval_tokens: int = 3
                        eval_tokens=eval_tokens)  # warm-up: first calls compile kernels
     per_format, whole = {}, []
     for _ in range(max(repeats, 3)):
-        t = time.perf_counter()
+        t = timing.timed()
         df = quantization_sweep(model, SAMPLE_TEXTS[:1], bits=bits, group_sizes=(group,),
                                 lengths=(prefix,), eval_tokens=eval_tokens)
-        whole.append(time.perf_counter() - t)
+        whole.append(t.done())
         for fmt, secs in zip(df["kv_format"], df["seconds"]):
             per_format.setdefault(fmt, []).append(secs)
     ref = spread(next(iter(per_format.values())))["median"]

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import time
 
+from ..primitives import timing
 from .settings import Settings
 from .table import Table, ms, spread
 
@@ -50,9 +50,9 @@ def bench_snapshot(model, repeats: int, lengths=(256, 512, 1024, 2048, 4096, 819
         live = filled_cache(model, n)
         times = []
         for _ in range(max(repeats, 5)):
-            t = time.perf_counter()
-            restore(snapshot(live))
-            times.append(time.perf_counter() - t)
+            t = timing.timed()
+            restored = restore(snapshot(live))
+            times.append(t.done([layer.state for layer in restored]))
         rows.append((n, ms(spread(times)).replace(" ms", ""), f"{snapshot(live).nbytes / 2**20:.1f}"))
         values[n] = {"seconds": spread(times), "nbytes": snapshot(live).nbytes}
     return Table(f"snapshot + restore cost vs cached length, model {model.name}",

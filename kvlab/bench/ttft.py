@@ -3,8 +3,8 @@ only the new tokens on top of an already-built live cache)."""
 
 from __future__ import annotations
 
-import time
 
+from ..primitives import timing
 from .settings import Settings
 from .table import Table, ms, spread
 
@@ -40,17 +40,17 @@ def bench_ttft(model, repeats: int, system_tokens: int = 1000, turns: int = 4) -
                     ttft[name].append(r.ttft_s)
         live = None
         for k, ids in enumerate(prompts):
-            t = time.perf_counter()
+            t = timing.timed()
             start = len(prompts[k - 1]) if k else 0
             logits, live = prefill(model, ids[start:], live)
             int(logits.argmax().item())
             if k:
-                ttft["physical limit"].append(time.perf_counter() - t)
-            t = time.perf_counter()
+                ttft["physical limit"].append(t.done())
+            t = timing.timed()
             logits, _ = prefill(model, ids)
             int(logits.argmax().item())
             if k:
-                ttft["cold prefill"].append(time.perf_counter() - t)
+                ttft["cold prefill"].append(t.done())
     limit = spread(ttft["physical limit"])["median"]
     rows, stats = [], {}
     for name, xs in ttft.items():

@@ -4,7 +4,7 @@ whole markdown file is regenerated from this run (and the README's marked summar
 from __future__ import annotations
 
 import os
-import time
+from ..primitives import timing
 
 
 def register(sub) -> None:
@@ -57,13 +57,13 @@ def bench(args) -> int:
     marked = readme_text is not None and START.split(":")[0] in readme_text
     if marked:
         replace_marked(readme_text, "", name=readme)  # bad markers fail now, not after the run
-    started = time.perf_counter()
+    started = timing.timed()
     tables = run(args.model, args.repeats, only, on_table=lambda t: print(t.markdown(), flush=True),
                  ttft_system_tokens=args.ttft_system_tokens, dtype=args.dtype)
-    meta = {"command": command_of(args), "machine": machine(), "when": time.strftime("%Y-%m-%d %H:%M")}
+    meta = {"command": command_of(args), "machine": machine(), "when": timing.stamp("%Y-%m-%d %H:%M")}
     if args.write:
         atomic_write(args.write, document(tables, **meta))
-        print(f"kvlab: wrote {args.write} ({time.perf_counter() - started:.0f} s)")
+        print(f"kvlab: wrote {args.write} ({started.done():.0f} s)")
     if marked:
         details = os.path.relpath(args.write, os.path.dirname(os.path.abspath(readme))) if args.write else None
         # read again: the README may have been edited during a run that takes half an hour

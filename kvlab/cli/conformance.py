@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import sys
-import time
+from ..primitives import timing
 
 
 def register(sub) -> None:
@@ -53,12 +53,12 @@ def conformance(args) -> int:
                   f"{cell.reused_tokens:>5}/{cell.prompt_tokens:<5} reused  max diff "
                   f"{cell.max_logit_diff:.1e}  {cell.reason[:80]}", flush=True)
 
-    started = time.perf_counter()
+    started = timing.now()
     frame = run_conformance(model_types, stores, workloads, progress=show)
     counts = summary(frame)
     if not args.json:
         print(", ".join(f"{n} {s}" for s, n in counts.items()) + f" of {len(frame)} cells "
-              f"({time.perf_counter() - started:.0f} s)")
+              f"({timing.now() - started:.0f} s)")
     if args.write:
         atomic_write(args.write, markdown(frame, command_of(args)))
         print(f"kvlab: wrote {args.write}", file=sys.stderr)

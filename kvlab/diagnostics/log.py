@@ -16,12 +16,12 @@ Example:
 from __future__ import annotations
 
 import threading
-import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..errors import DiagnosticsError
+from ..primitives import timing
 from ..primitives.display import summary_html, table_html
 from ..primitives.tokens import Tokens
 from .shape import PromptShape
@@ -44,11 +44,11 @@ class Entry:
 
 class FingerprintLog:
     """Remember (id -> shape, tokens, time) for at most ``max_entries`` ids and ``ttl_s``
-    seconds; the oldest entry goes first when full. ``clock`` (default ``time.monotonic``) is
+    seconds; the oldest entry goes first when full. ``clock`` (default ``timing.now``) is
     read when ``now`` is not passed."""
 
     def __init__(self, max_entries: int = 4096, ttl_s: float = 3600.0,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = timing.now):
         if isinstance(max_entries, bool) or not isinstance(max_entries, int) or max_entries < 1:
             raise DiagnosticsError(f"max_entries must be an integer >= 1, got {max_entries!r}")
         if isinstance(ttl_s, bool) or not isinstance(ttl_s, (int, float)) or not ttl_s > 0:

@@ -28,7 +28,6 @@ from __future__ import annotations
 import itertools
 import statistics
 import tempfile
-import time
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -36,6 +35,7 @@ import polars as pl
 
 from ..errors import KvlabError
 from ..keys import CacheKey
+from ..primitives import timing
 from ..primitives.display import summary_html, table_html
 
 TERMS = ("a", "b", "c", "d")
@@ -174,9 +174,9 @@ def measure(model, points, *, repeats: int = 3, seed: int = 0, agree: float = 0.
         for i in rng.permutation(len(todo)):
             c, n = todo[i]
             cache = restore(snaps[c]) if c else None
-            t = time.perf_counter()
-            prefill(model, ids[c:c + n], cache)
-            runs[todo[i]].append(time.perf_counter() - t)
+            t = timing.timed()
+            logits, cache = prefill(model, ids[c:c + n], cache)
+            runs[todo[i]].append(t.done(logits, [layer.state for layer in cache]))
         todo = [p for p in points if wanted(p)]
     return pl.DataFrame({"cached": [c for c, _ in points], "new": [n for _, n in points],
                          "seconds": [min(runs[p]) for p in points],
@@ -283,8 +283,6 @@ def measure_tiers(model, lengths=(256, 512, 1024), *, repeats: int = 3, folder=N
         >>> measure_tiers(kv.load("tiny"), (128,), repeats=1)["method"].unique().sort().to_list()
         ['disk_load', 'disk_save', 'ram_restore', 'recompute']
     """
-    import mlx.core as mx
-
     from ..primitives.snapshots import prefill, restore, snapshot
     from ..stores.disk import DiskStore
 
@@ -295,21 +293,19 @@ def measure_tiers(model, lengths=(256, 512, 1024), *, repeats: int = 3, folder=N
             disk = DiskStore(tmp, model=model)  # fresh each repeat: every save writes a new file
             for n in lengths:
                 ids = [int(i) for i in rng.integers(0, model.vocab_size, n)]
-                t = time.perf_counter()
-                _, cache = prefill(model, ids)
-                times = {"recompute": time.perf_counter() - t}
+                t = timing.timed()
+                logits, cache = prefill(model, ids)
+                times = {"recompute": t.done(logits, [layer.state for layer in cache])}
                 snap = snapshot(cache, tokens=ids, model=model)
-                t = time.perf_counter()
-                mx.eval([c.state for c in restore(snap)])
-                times["ram_restore"] = time.perf_counter() - t
+                t = timing.timed()
+                times["ram_restore"] = t.done([c.state for c in restore(snap)])
                 key = CacheKey(tuple(ids))
-                t = time.perf_counter()
+                t = timing.timed()
                 disk.put(key, snap)
-                times["disk_save"] = time.perf_counter() - t
-                t = time.perf_counter()
+                times["disk_save"] = t.done()
+                t = timing.timed()
                 m = disk.best(key, n)
-                mx.eval([c.state for c in restore(m.snapshot)])
-                times["disk_load"] = time.perf_counter() - t
+                times["disk_load"] = t.done([c.state for c in restore(m.snapshot)])
                 rows += [{"prefix_tokens": n, "method": k, "repeat": rep, "seconds": v, "bytes": snap.nbytes}
                          for k, v in times.items()]
             for p in disk.folder.iterdir():

@@ -9,12 +9,12 @@
 from __future__ import annotations
 
 import statistics
-import time
 from pathlib import Path
 
 import polars as pl
 
 from .. import device
+from ..primitives import timing
 from .runner import run_notebook
 
 # (who, question): a conversation of two turns, then another user of the same assistant
@@ -27,10 +27,10 @@ def _matmul_gflops() -> float:
 
     a, w = mx.random.normal((1024, 896)), mx.random.normal((896, 4864))
     mx.eval(a, w, a @ w)
-    t = time.perf_counter()
+    t = timing.timed()
     for _ in range(5):
         mx.eval(a @ w)
-    return 2 * 1024 * 896 * 4864 / ((time.perf_counter() - t) / 5) / 1e9
+    return 2 * 1024 * 896 * 4864 / (t.done() / 5) / 1e9
 
 
 def shared_prefix_report(model, system_tokens: int = 400, max_tokens: int = 24) -> list[dict]:
@@ -87,13 +87,14 @@ def billing_header_report(model) -> dict:
 def main(model_name: str = "smollm2") -> int:
     import kvlab as kv
 
-    t = time.perf_counter()
+    t = timing.timed()
     model = kv.load(model_name)
-    print(f"kvlab demo — {model!r} (loaded in {time.perf_counter() - t:.1f} s)")
+    print(f"kvlab demo — {model!r} (loaded in {t.done():.1f} s)")
     dev = device.current()
     blas = dev.blas + (" (slow: see README)" if dev.slow_blas else "")
     print(f"Device: {dev.backend} ({dev.name}); BLAS: {blas}; "
-          f"float32 1024x896 @ 896x4864 matmul: {_matmul_gflops():.0f} GFLOP/s\n")
+          f"float32 1024x896 @ 896x4864 matmul: {_matmul_gflops():.0f} GFLOP/s
+")
 
     rows = shared_prefix_report(model)
     print(f"1. A shared system prompt of {rows[0]['system_prompt_tokens']} tokens (a coding assistant with "

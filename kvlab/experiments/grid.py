@@ -18,11 +18,11 @@ import json
 import os
 import re
 import sys
-import time
 from pathlib import Path
 from typing import Mapping
 
 from ..errors import KvlabError
+from ..primitives import timing
 from .runner import DEFAULT_RUNS, new_run_dir, notebook_parameters, run_notebook, save_results
 
 GRID_FILE = "grid.parquet"
@@ -147,7 +147,7 @@ def run_grid(path, grid, *, parameters: Mapping | None = None, workers: int = 2,
         kname = ensure_kernelspec()
         for s in specs:
             s["kernel_name"] = kname or "python3"
-    start = time.perf_counter()
+    start = timing.now()
     if scheduler is not None:
         outcomes = _dask_map(specs, scheduler)
     elif workers == 1 or len(specs) == 1:
@@ -168,7 +168,7 @@ def run_grid(path, grid, *, parameters: Mapping | None = None, workers: int = 2,
         {"notebook": str(notebook.resolve()), "grid": grid, "parameters": fixed,
          "runs": [{"run": Path(o["run_dir"]).name, "parameters": o["parameters"], "ok": o["error"] is None,
                    "error": o["error"], "seconds": round(o["seconds"], 3)} for o in outcomes],
-         "seconds": round(time.perf_counter() - start, 3)}, indent=2, default=str))
+         "seconds": round(timing.now() - start, 3)}, indent=2, default=str))
     if failures:
         lines = "\n".join(f"  {Path(o['run_dir']).name}: {o['error']}" for o in failures)
         raise GridError(f"{len(failures)} of {len(outcomes)} runs of {notebook.name} failed "

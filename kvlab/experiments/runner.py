@@ -15,12 +15,12 @@ import itertools
 import json
 import os
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
 from ..errors import KvlabError
+from ..primitives import timing
 from ..primitives.display import Html, summary_html, table_html
 from ..primitives.files import atomic_write_with
 
@@ -156,7 +156,7 @@ def new_run_dir(base: Path, stem: str) -> Path:
         >>> new_run_dir(Path("runs"), "01_multi_turn").name
         '01_multi_turn-20250101-120000'
     """
-    stamp = time.strftime("%Y%m%d-%H%M%S")
+    stamp = timing.stamp("%Y%m%d-%H%M%S")
     for n in itertools.count(1):
         folder = base / (f"{stem}-{stamp}" if n == 1 else f"{stem}-{stamp}-{n}")
         try:
@@ -273,7 +273,7 @@ def run_notebook(path, parameters: Mapping | None = None, out_dir=None, *,
     kernel = _kernel(kernel_name)
     from .kernel import manager_config
 
-    start = time.perf_counter()
+    start = timing.now()
     error, failed_cell = None, None
     try:
         with _kernel_env():
@@ -287,7 +287,7 @@ def run_notebook(path, parameters: Mapping | None = None, out_dir=None, *,
     except Exception as e:  # kernel died, timeout, no such kernel: still name what happened
         error = (f"{notebook} could not be executed: {type(e).__name__}: {str(e).strip()[:500]}. "
                  f"The partial executed notebook (if any) is kept at {executed}")
-    seconds = time.perf_counter() - start
+    seconds = timing.now() - start
 
     if error is None and results_path is not None and not results_path.is_file():
         error = (f"{notebook} ran but did not write its results table to results_path "

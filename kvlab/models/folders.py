@@ -12,11 +12,11 @@ import hashlib
 import json
 import os
 import shutil
-import time
 from pathlib import Path
 
 from filelock import FileLock
 
+from ..primitives import timing
 from ..primitives.files import atomic_write_with
 
 MANIFEST = "kvlab.json"
@@ -44,14 +44,14 @@ def ensure_folder(folder: Path, expect: dict, build) -> tuple[Path, bool]:
             shutil.rmtree(stale, ignore_errors=True)
 
         def build_with_manifest(tmp: Path) -> None:
-            start = time.perf_counter()
+            start = timing.timed()
             build(tmp)
             weights = sorted(tmp.glob("model*.safetensors"))
             manifest = {"kvlab_manifest": MANIFEST_VERSION, **expect,
                         "weights_sha256": digest_files(tmp, [w.name for w in weights]),
                         "weights_bytes": {w.name: w.stat().st_size for w in weights},
                         "tokenizer_sha256": digest_files(tmp, TOKENIZER_FILES),
-                        "build_seconds": round(time.perf_counter() - start, 2)}
+                        "build_seconds": round(start.done(), 2)}
             (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2))
 
         # an invalid leftover at `folder` (an older builder's) is moved aside and deleted

@@ -14,7 +14,6 @@ import dataclasses
 import functools
 import json
 import os
-import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -31,6 +30,7 @@ from .dtypes import DTYPES, cast, check_dtype, choose, default_dtype, stored_dty
 from ..errors import ModelNotFoundError  # noqa: E402
 from .folders import (TOKENIZER_FILES, digest_files, ensure_folder,  # noqa: E402
                       kvlab_home, read_manifest, sha256_json)
+from ..primitives import timing  # noqa: E402
 from ..primitives.display import table_html  # noqa: E402
 from ..primitives.layout import CacheLayout  # noqa: E402
 from ..primitives.tokens import Tokens, check_ids, tokenise_text, vocab_limit  # noqa: E402
@@ -213,14 +213,14 @@ def prepare(dtype: str | None = None) -> dict[str, Path]:
 
         >>> prepare()   # kvlab: smollm2 built in 4.1s, tiny built in 1.4s, tiny-hybrid ...
     """
-    t0, done, folders = time.perf_counter(), [], {}
+    t0, done, folders = timing.timed(), [], {}
     for name, ensure in (("smollm2", lambda: _ensure_smollm2(dtype or default_dtype(), True)),
                          ("tiny", lambda: ensure_tiny(False, True)),
                          ("tiny-hybrid", lambda: ensure_tiny(True, True))):
-        start = time.perf_counter()
+        start = timing.timed()
         folders[name], built = ensure()
-        done.append(f"{name} {'built' if built else 'ready'} in {time.perf_counter() - start:.1f}s")
-    total = time.perf_counter() - t0
+        done.append(f"{name} {'built' if built else 'ready'} in {start.done():.1f}s")
+    total = t0.done()
     print(f"kvlab: {', '.join(done)} ({total:.1f}s) -> {kvlab_home() / 'models'}")
     return folders
 

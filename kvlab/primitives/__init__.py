@@ -11,4 +11,5 @@
 - ``volatile`` / ``normalisation``: fields that change per request, and the rules that strip them
 - ``units`` / ``statefile``: byte and token formatting; the safetensors state file format
 - ``display`` / ``files``: the summary line and table every ``_repr_html_`` is made of; atomic writes
+- ``timing``: every clock read: ``timed()`` (evaluate, synchronise, then read), the plain clock, deadlines
 """

@@ -31,11 +31,11 @@ import json
 from array import array
 import logging
 import threading
-import time
 from collections import deque
 from dataclasses import dataclass, field
 
 from ..errors import KvlabError
+from ..primitives import timing
 from ..primitives.display import summary_html, table_html
 from ..primitives.divergence import diverge
 from ..primitives.tokens import common_prefix_len
@@ -54,7 +54,7 @@ RAN = ("ok", "disconnected")  # statuses of requests the upstream ran (and recor
 class Exchange:
     """One forwarded request: its ``id`` (1, 2, ... in arrival order), ``route``, the body as
     ``sent`` (bytes, read into ``prompt`` on first use), arrival (epoch s) and ``t0``
-    (perf_counter), the response ``watch``, ``first`` output time and, once closed, its ``row``."""
+    (``timing.now``), the response ``watch``, ``first`` output time and, once closed, its ``row``."""
 
     id: int
     route: str
@@ -85,7 +85,7 @@ class Exchange:
     def output_seen(self) -> None:
         """Mark the first output (the proxy calls it when a chunk carries it)."""
         if self.first is None:
-            self.first = time.perf_counter()
+            self.first = timing.now()
 
     def __repr__(self) -> str:
         state = self.row["status"] if self.row is not None else "in flight"
@@ -118,7 +118,7 @@ class Tracker:
     def open(self, route: str, body) -> Exchange:
         """Register a request as it arrives, before it is forwarded: ``body`` as sent (bytes) or
         parsed; nothing is parsed or tokenised here, so forwarding waits for nothing."""
-        ex = Exchange(next(self._ids), route, body, time.time(), time.perf_counter())
+        ex = Exchange(next(self._ids), route, body, timing.wall(), timing.now())
         with self._lock:
             self._recent.append(ex)
         return ex
@@ -159,7 +159,7 @@ class Tracker:
     def close(self, ex: Exchange, *, status: str, http_status: int | None = None,
               error: str | None = None) -> dict:
         """Make ``ex``'s row: compare it with the earlier requests, read its usage; returns it."""
-        end = time.perf_counter()
+        end = timing.now()
         w = ex.watch
         row = {"id": ex.id, "response_id": w.id, "route": ex.route, "model": (ex.prompt.body or {}).get("model"),
                "stream": bool((ex.prompt.body or {}).get("stream")), "status": status,

@@ -6,16 +6,16 @@ exposes (vllm-mlx's ``/v1/cache/stats``, kvlab serve's ``/kvlab/stats`` and ``/k
 
 Example:
     >>> send = Sender(openai.AsyncOpenAI(base_url=url + "/v1", api_key="x"), "default_model")
-    >>> row, reply = await send(turn, [], time.perf_counter())
+    >>> row, reply = await send(turn, [], timing.now())
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import time
 
 from ..errors import KvlabError
+from ..primitives import timing
 from .metrics import request_metrics
 from .sessions import Turn
 from ..primitives.display import summary_html
@@ -38,7 +38,7 @@ class Sender:
 
         row = {"name": turn.name, "endpoint": turn.endpoint, "ok": False,
                "prompt_tokens_expected": len(turn.ids) if turn.ids is not None else None}
-        t_send = time.perf_counter()
+        t_send = timing.now()
         row["start_s"] = t_send - t0
         try:
             body = await asyncio.wait_for(self._send(turn, replies, t_send), self.timeout)
@@ -95,14 +95,14 @@ class Sender:
             choice = (data.get("choices") or [{}])[0]
             ids, gaps = _logprob_ids(choice.get("logprobs"))
             text = (choice.get("message") or {}).get("content") or choice.get("text") or ""
-            e2el = (time.perf_counter() - t_send) * 1e3
+            e2el = (timing.now() - t_send) * 1e3
             return {"text": text, "usage": data.get("usage"), "output_ids": ids, "top2_gap": gaps,
                     "finish_reason": choice.get("finish_reason"), "e2el_ms": e2el,
                     "output_tokens": (data.get("usage") or {}).get("completion_tokens")}
         stream = await api.create(stream=True, stream_options={"include_usage": True}, **kw)
         times, parts, usage, finish = [], [], None, None
         async for chunk in stream:
-            now = time.perf_counter()
+            now = timing.now()
             if chunk.usage is not None:
                 usage = chunk.usage.model_dump()
             if not chunk.choices:

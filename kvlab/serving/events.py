@@ -17,10 +17,10 @@ Example:
 from __future__ import annotations
 
 import threading
-import time
 from collections import deque
 
 import polars as pl
+from ..primitives import timing
 from ..primitives.display import summary_html
 
 EVENT_SCHEMA = {"seq": pl.Int64, "request": pl.Int64, "step": pl.Int64, "event": pl.Utf8,
@@ -41,7 +41,7 @@ class ServerEvents:
         self._lock = threading.Lock()
         self._seq = 0
         self.step = 0
-        self.t0 = time.perf_counter()
+        self.t0 = timing.now()
 
     def advance_step(self) -> int:
         with self._lock:
@@ -59,7 +59,7 @@ class ServerEvents:
                                "step": self.step if step is None else step, "event": event,
                                "tokens": int(tokens), "bytes": int(nbytes),
                                "entry": None if entry is None else str(entry),
-                               "t": time.perf_counter() - self.t0, "detail": detail,
+                               "t": timing.now() - self.t0, "detail": detail,
                                "segment": segment})
             return seq
 

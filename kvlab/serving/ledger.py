@@ -18,8 +18,8 @@ import itertools
 import logging
 import queue
 import threading
-import time
 
+from ..primitives import timing
 from ..primitives.display import summary_html
 from ..result import Result, hit_rates
 from .diagnosing import request_row
@@ -53,7 +53,7 @@ class Ledger:
              response_id: str | None = None) -> int:
         rid = next(self._ids)
         with self._lock:
-            self._open[rid] = {"arrival": time.time(), "t0": time.perf_counter(), "api": api,
+            self._open[rid] = {"arrival": timing.wall(), "t0": timing.now(), "api": api,
                                "stream": bool(stream), "messages": messages, "normalised": normalised,
                                "prompt": None, "reused": 0, "first": None, "tokens": [],
                                "finish_reason": None, "response_id": response_id, "lookup": None}
@@ -90,7 +90,7 @@ class Ledger:
             if r is None:
                 return
             if r["first"] is None:
-                r["first"], first = time.perf_counter(), True
+                r["first"], first = timing.now(), True
             r["tokens"].append(int(response.token))
             if response.finish_reason is not None:
                 r["finish_reason"] = response.finish_reason
@@ -106,7 +106,7 @@ class Ledger:
             r = self._open.pop(rid, None)
         if r is None:
             return None
-        end = time.perf_counter()
+        end = timing.now()
         self.adapter.end(rid)
         info = self.adapter.request_info(rid)
         self.events.add("finish", request=rid, tokens=len(r["tokens"]), detail=status if error is None

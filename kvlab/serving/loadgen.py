@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import math
 import os
-import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -30,6 +29,7 @@ import numpy as np
 import polars as pl
 
 from ..errors import RequestError
+from ..primitives import timing
 from ..primitives.display import summary_html, table_html
 from ..primitives.files import atomic_write_with
 from .client import Sender, fetch_events, flatten, model_name, server_stats, warmup_request
@@ -182,7 +182,7 @@ async def generate_load_async(url: str, workload="multi_turn", *, concurrency: i
         send = Sender(client, model, temperature, timeout, record_tokens, extra_body, tokenizer)
         rows: list[dict] = []
         bar = tqdm(total=cap, desc=f"kvlab loadgen {label}", unit="req", disable=not progress)
-        t0 = time.perf_counter()
+        t0 = timing.now()
         budget = _Budget(cap, duration, t0)
         sem = asyncio.Semaphore(concurrency) if concurrency else None
 
@@ -203,7 +203,7 @@ async def generate_load_async(url: str, workload="multi_turn", *, concurrency: i
 
         async def limited(s: Session, at: float | None) -> None:
             if at is not None:
-                await asyncio.sleep(max(0.0, t0 + at - time.perf_counter()))
+                await asyncio.sleep(max(0.0, t0 + at - timing.now()))
             if sem is None:
                 return await run_session(s, at)
             async with sem:
@@ -222,7 +222,7 @@ async def generate_load_async(url: str, workload="multi_turn", *, concurrency: i
                 await asyncio.gather(*(limited(s, at) for s, at in zip(sessions, starts)))
         finally:
             bar.close()
-        wall = time.perf_counter() - t0
+        wall = timing.now() - t0
         after = await server_stats(http, base)
         events = await fetch_events(http, base, before)
     frame = frame_of(sorted(rows, key=lambda r: r["request"])).with_columns(pl.lit(label).alias("label"))
@@ -270,7 +270,7 @@ class _Budget:
         self.cap, self.duration, self.t0, self.sent = cap, duration, t0, 0
 
     def take(self) -> int | None:
-        late = self.duration is not None and time.perf_counter() - self.t0 >= self.duration
+        late = self.duration is not None and timing.now() - self.t0 >= self.duration
         if self.sent >= self.cap or late:
             return None
         self.sent += 1

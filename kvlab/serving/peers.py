@@ -34,6 +34,7 @@ from pathlib import Path
 
 from .._blas import env_with_fast_blas
 from ..errors import KvlabError
+from ..primitives import timing
 from ..primitives.display import summary_html
 # the peers' venv (vllm-mlx pins mlx-lm below 0.32) lives in its own module; names kept here
 from .peer_venv import (VLLM_MLX, PeerError, ensure_peers_venv, peer_mlx_lm_requirement,  # noqa: F401
@@ -280,7 +281,7 @@ def _launch(name, mode, folder, port, cmd, env, home, timeout) -> PeerServer:
                                 env=env, start_new_session=True)
     server = PeerServer(name, mode, Path(folder), port, proc, log_path, home, tuple(cmd))
     _LIVE[proc.pid] = server
-    deadline = time.monotonic() + timeout
+    deadline = timing.deadline(timeout)
     while True:
         if not server.running:
             server.stop()
@@ -292,7 +293,7 @@ def _launch(name, mode, folder, port, cmd, env, home, timeout) -> PeerServer:
                     return server
         except OSError:
             pass
-        if time.monotonic() > deadline:
+        if deadline.expired():
             server.stop()
             raise PeerError(f"{name} did not answer /health within {timeout}s; its log ends:\n"
                             f"{server.log(tail=25)}")

@@ -21,11 +21,11 @@ Example:
 from __future__ import annotations
 
 import threading
-import time
 from http.server import BaseHTTPRequestHandler
 
 from ..errors import KvlabError
 from ..policies.reasons import ALL_REASONS
+from ..primitives import timing
 from ..primitives.display import summary_html, table_html
 from ..stores.base import NON_CAPACITY_REASONS
 
@@ -202,7 +202,7 @@ class ServerMetrics(_Metrics):
             >>> server.ledger.on_token == server.metrics.token
             True
         """
-        now = time.perf_counter()
+        now = timing.now()
         with self._times_lock:
             times = self._times.setdefault(rid, [])
             times.append(now)
@@ -292,7 +292,7 @@ class ProxyMetrics(_Metrics):
         Example:
             >>> proxy.metrics.output(ex.id)
         """
-        now = time.perf_counter()
+        now = timing.now()
         with self._times_lock:
             self._times.setdefault(rid, []).append(now)
 

@@ -29,9 +29,9 @@ Example:
 from __future__ import annotations
 
 import json
-import time
 import uuid
 
+from ..primitives import timing
 from ..primitives.display import summary_html
 from .chat_stream import ChatStreamWriter
 from .responses import error_body
@@ -57,7 +57,7 @@ class ResponsesWriter(ChatStreamWriter):
 
     def __init__(self, handler, body: dict, *, diagnostics=None):
         self.h, self.body, self.diagnostics, self.stream = handler, body, diagnostics, bool(body.get("stream"))
-        self.id, self.created_at = f"resp_{uuid.uuid4().hex}", int(time.time())
+        self.id, self.created_at = f"resp_{uuid.uuid4().hex}", int(timing.wall())
         self.output: list[dict] = []
         self.text: dict | None = None  # the message item receiving text, while open
         self.finish_reason, self.output_tokens, self.seq, self.error = None, 0, 0, b""

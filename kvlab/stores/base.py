@@ -7,13 +7,13 @@ change a store makes is a ``StoreEvent``, which the Engine drains into ``engine.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from .. import device as devices
 from ..errors import BudgetError, KvlabError
 from ..keys import CacheKey
+from ..primitives import timing
 from ..primitives.snapshots import Snapshot
 from ..primitives.tokens import Tokens
 
@@ -62,7 +62,7 @@ class StoreEvent:
     kind: str | None = None
     reason: str | None = None
     capacity: bool = False
-    t: float = field(default_factory=time.perf_counter)
+    t: float = field(default_factory=timing.now)
     tier: str | None = None
 
     @property

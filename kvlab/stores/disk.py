@@ -31,7 +31,6 @@ from __future__ import annotations
 import html
 import os
 import shutil
-import time
 import warnings
 from pathlib import Path
 
@@ -40,6 +39,7 @@ import polars as pl
 from ..errors import BlockSizeError, KvlabError, SnapshotError
 from ..keys import CacheKey
 from ..primitives.snapshot_files import load_snapshot, save
+from ..primitives import timing
 from ..primitives.snapshots import Snapshot
 from ..primitives.tokens import Tokens
 from ..primitives.units import fmt_bytes
@@ -107,7 +107,7 @@ class DiskStore(StoreBase):
     def rebuild(self) -> None:
         """Re-read the index from the files (what another process wrote shows up)."""
         self._index = DiskIndex()
-        now = time.time()
+        now = timing.wall()
         for p in sorted(self.folder.iterdir()):
             if p.name.startswith(TEMP_PREFIX):
                 if now - p.stat().st_mtime > STALE_TEMP_S:
@@ -200,7 +200,7 @@ class DiskStore(StoreBase):
 
     def _touch(self, chain: list[DiskEntry]) -> None:
         """Make ``chain`` most recent, its head newest (so its tail is evicted first)."""
-        now = time.time_ns()
+        now = timing.wall_ns()
         for i, e in enumerate(chain):
             e.mtime_ns = now - i * 1000
             try:
