@@ -93,8 +93,7 @@ def main(model_name: str = "smollm2") -> int:
     dev = device.current()
     blas = dev.blas + (" (slow: see README)" if dev.slow_blas else "")
     print(f"Device: {dev.backend} ({dev.name}); BLAS: {blas}; "
-          f"float32 1024x896 @ 896x4864 matmul: {_matmul_gflops():.0f} GFLOP/s
-")
+          f"float32 1024x896 @ 896x4864 matmul: {_matmul_gflops():.0f} GFLOP/s\n")
 
     rows = shared_prefix_report(model)
     print(f"1. A shared system prompt of {rows[0]['system_prompt_tokens']} tokens (a coding assistant with "
