@@ -99,3 +99,8 @@ class DiagnosticsError(KvlabError, ValueError):
     status a served request gets."""
 
     status = 400
+
+
+class ExportFileError(KvlabError, ValueError):
+    """Another tool's export kvlab cannot read (an AIPerf ``profile_export_aiperf.json``/``.csv``
+    that is missing, malformed or lacks a metric); the message names the file and what is missing."""

@@ -174,6 +174,10 @@ def _notes(runs: dict, concurrency) -> str:
     lines.append("vllm-mlx's hit rate is its own `tokens_saved` counter over prompt tokens (its usage "
                  "reports none); notebook 09_serving shows that counter overstates what its memory-aware "
                  "cache saves.")
+    from ..serving.metrics import legend
+
+    shown = ("ttft_ms", "tpot_ms", "output_throughput")
+    lines.append("Definitions (kvlab load): " + "; ".join(legend(shown)) + ".")
     return "\n".join(lines)
 
 

@@ -53,6 +53,9 @@ def register(sub) -> None:
     s.add_argument("--out", default=None, help="write the per-request frame as parquet")
     s.add_argument("--no-progress", action="store_true")
     s.add_argument("--json", action="store_true", help="print the summary as JSON")
+    s.add_argument("--compare-aiperf", default=None, metavar="PATH",
+                   help="AIPerf's profile_export_aiperf.json/.csv (or its folder) of the same run: "
+                        "print both tools' figures side by side")
     s.set_defaults(func=load)
 
     p = sub.add_parser("peer", help="run a peer server (vllm-mlx or plain mlx_lm.server) until Ctrl-C")
@@ -69,6 +72,7 @@ def register(sub) -> None:
 
 def load(args) -> int:
     """Run the load test; print the summary (aligned, or JSON) and where the frame went."""
+    _check_aiperf(args)  # a bad export fails before the run, not after it
     from ..serving.loadgen import generate_load
 
     params = {}
@@ -91,13 +95,46 @@ def load(args) -> int:
         out["frame"] = args.out
     if args.json:
         out["server_delta"] = r.server_delta()
+        out.update(_explained(args, r))
         print_result(out, True)
         return 0
     print_result({k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in out.items()}, False)
+    _print_explained(_explained(args, r))
     failed = r.frame.filter(~r.frame["ok"])
     if failed.height:
         print(f"kvlab loadgen: {failed.height} request(s) failed; first: {failed['error'][0]}", file=sys.stderr)
     return 0 if not failed.height else 1
+
+
+def _check_aiperf(args) -> None:
+    if getattr(args, "compare_aiperf", None):
+        from ..serving.aiperf import read_aiperf
+
+        read_aiperf(args.compare_aiperf)
+
+
+def _explained(args, r) -> dict:
+    """What each printed figure means and, with --compare-aiperf, both tools' figures."""
+    from ..serving.metrics import legend
+
+    out = {"definitions": legend(r.summary)}
+    if getattr(args, "compare_aiperf", None):
+        from ..serving.aiperf import compare
+
+        out["aiperf_comparison"] = compare(r, args.compare_aiperf).to_dicts()
+    return out
+
+
+def _print_explained(extra: dict) -> None:
+    print("definitions:\n" + "\n".join(f"  {line}" for line in extra["definitions"]))
+    rows = extra.get("aiperf_comparison")
+    if rows:
+        print("kvlab vs AIPerf (same definitions; kvlab's units; diff = aiperf - kvlab):")
+        print(f"  {'figure':<19} {'stat':<5} {'kvlab':>10} {'aiperf':>10} {'diff':>9}  aiperf metric")
+        for x in rows:
+            cells = [f"{x[k]:.4g}" if x[k] is not None else "-" for k in ("kvlab", "aiperf", "diff")]
+            print(f"  {x['figure']:<19} {x['stat']:<5} {cells[0]:>10} {cells[1]:>10} {cells[2]:>9}  "
+                  f"{x['aiperf_metric']} ({x['unit']})")
 
 
 def peer(args) -> int:

@@ -33,6 +33,13 @@ class Sender:
         self.timeout, self.record_tokens = timeout, record_tokens
         self.extra_body, self.tokenizer = dict(extra_body or {}), tokenizer
 
+    def __repr__(self) -> str:
+        mode = "logprobs" if self.record_tokens else "streamed"
+        return f"Sender({self.model!r}, {mode}, timeout={self.timeout:g}s)"
+
+    def _repr_html_(self) -> str:
+        return summary_html(repr(self), code=True)
+
     async def __call__(self, turn: Turn, replies: list[str], t0: float) -> tuple[dict, str]:
         import openai
 
@@ -58,10 +65,14 @@ class Sender:
         row["reused_tokens"], row["reused_source"] = (cached, "usage") if cached is not None else (None, None)
         if row.get("output_tokens") is None:
             row["output_tokens"] = usage.get("completion_tokens")
+        row["output_tokens_source"] = "usage" if row["output_tokens"] is not None else None
         if row["output_tokens"] is None and self.tokenizer is not None:  # vLLM's fallback
             from ..primitives.tokens import hf_tokenizer
 
             row["output_tokens"] = len(hf_tokenizer(self.tokenizer).encode(text, add_special_tokens=False))
+            row["output_tokens_source"] = "tokenizer"
+        if row["output_tokens"] is None and "times" in body:  # last resort: one token a content chunk
+            row["output_tokens"], row["output_tokens_source"] = len(body["times"]), "chunks"
         row.update(request_metrics(t_send, body.pop("times"), row["output_tokens"]) if "times" in body
                    else {})
         row["reply_chars"] = len(text)
@@ -100,27 +111,41 @@ class Sender:
                     "finish_reason": choice.get("finish_reason"), "e2el_ms": e2el,
                     "output_tokens": (data.get("usage") or {}).get("completion_tokens")}
         stream = await api.create(stream=True, stream_options={"include_usage": True}, **kw)
-        times, parts, usage, finish = [], [], None, None
-        async for chunk in stream:
-            now = timing.now()
-            if chunk.usage is not None:
-                usage = chunk.usage.model_dump()
-            if not chunk.choices:
-                continue
-            c = chunk.choices[0]
-            if turn.endpoint == "chat":
-                d = c.delta
-                piece = (d.content or "") if d is not None else ""
-                extra = (d.model_extra or {}) if d is not None else {}
-                other = (extra.get("reasoning") or extra.get("reasoning_content")
-                         or (d.tool_calls if d is not None else None))
-            else:
-                piece, other = c.text or "", None
-            if piece or other or c.finish_reason:
-                times.append(now)
-            parts.append(piece)
-            finish = c.finish_reason or finish
-        return {"text": "".join(parts), "usage": usage, "times": times, "finish_reason": finish}
+        return await read_stream(stream, turn.endpoint)
+
+
+async def read_stream(stream, endpoint: str) -> dict:
+    """Text, usage, finish reason and the arrival time of every *content chunk* of a streamed
+    reply (openai SDK chunk objects, async-iterated). A content chunk carries text, a reasoning
+    delta or a tool-call delta; the closing chunk with only ``finish_reason`` (mlx-lm's server
+    sends one after the last token) and the usage-only chunk are not tokens.
+
+    Example:
+        >>> out = await read_stream(await client.chat.completions.create(..., stream=True), "chat")
+        >>> len(out["times"])  # content chunks: 32 for 32 one-token chunks, not 33
+        32
+    """
+    times, parts, usage, finish = [], [], None, None
+    async for chunk in stream:
+        now = timing.now()
+        if chunk.usage is not None:
+            usage = chunk.usage.model_dump()
+        if not chunk.choices:
+            continue
+        c = chunk.choices[0]
+        if endpoint == "chat":
+            d = c.delta
+            piece = (d.content or "") if d is not None else ""
+            extra = (d.model_extra or {}) if d is not None else {}
+            other = (extra.get("reasoning") or extra.get("reasoning_content")
+                     or (d.tool_calls if d is not None else None))
+        else:
+            piece, other = c.text or "", None
+        if piece or other:
+            times.append(now)
+        parts.append(piece)
+        finish = c.finish_reason or finish
+    return {"text": "".join(parts), "usage": usage, "times": times, "finish_reason": finish}
 
 
 def _logprob_ids(logprobs) -> tuple[list[int] | None, list[float] | None]:
@@ -134,15 +159,6 @@ def _logprob_ids(logprobs) -> tuple[list[int] | None, list[float] | None]:
         gaps.append(top[0] - top[1] if len(top) >= 2 else None)
     return [int(c["id"]) for c in content], gaps
 
-
-
-
-    def __repr__(self) -> str:
-        mode = "logprobs" if self.record_tokens else "streamed"
-        return f"Sender({self.model!r}, {mode}, timeout={self.timeout}s)"
-
-    def _repr_html_(self) -> str:
-        return summary_html(repr(self), code=True)
 
 
 async def model_name(http, base: str) -> str:

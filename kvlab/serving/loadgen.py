@@ -33,7 +33,7 @@ from ..primitives import timing
 from ..primitives.display import summary_html, table_html
 from ..primitives.files import atomic_write_with
 from .client import Sender, fetch_events, flatten, model_name, server_stats, warmup_request
-from .metrics import frame_of, summarise
+from .metrics import frame_of, legend, summarise
 from .sessions import CHAT_SESSIONS, Session, sessions_for
 
 DURATION_USERS = 256  # sessions made for a duration-capped run when neither users nor a count is given
@@ -106,7 +106,8 @@ class LoadResult:
         keys = ("completed", "failed", "duration_s", "request_throughput", "output_throughput",
                 "ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50", "itl_ms_p50", "e2el_ms_p50",
                 "token_hit_rate", "request_hit_rate")
-        table = table_html(None, [(k, _fmt(s[k])) for k in keys], row_headers=True)
+        table = table_html(None, [(k, _fmt(s[k])) for k in keys], row_headers=True,
+                           caption=" · ".join(legend(keys)))  # what each figure means
         return summary_html(repr(self), body=table)
 
 

@@ -1,23 +1,29 @@
 """Per-request latencies and the run summary, with the definitions vLLM's ``bench serve`` uses.
 
-One streamed request gives a send time and the arrival time of every *token chunk* (a streamed
-chunk whose choice carries generated text or a finish reason). From those:
+One streamed request gives a send time and the arrival time of every *content chunk* (a streamed
+chunk whose choice carries generated text, a reasoning delta or a tool-call delta; the closing
+chunk that only carries ``finish_reason`` and the usage-only chunk are not tokens). From those
+(:data:`DEFINITIONS` says the same in one line each; printouts, reprs and tables show it):
 
-- **TTFT**: first token chunk minus send time.
-- **ITL**: the gaps between consecutive token chunks (one list a request; a server that bundles
-  several tokens in one chunk gives one gap for them, as in vLLM).
-- **E2EL**: last token chunk minus send time (the trailing usage-only chunk does not count).
-- **TPOT**: ``(E2EL - TTFT) / (output_tokens - 1)``, only for requests with more than one output
-  token; the others are left out of the TPOT statistics.
+- **TTFT**: first content chunk minus send time.
+- **ITL**: the gaps between consecutive content chunks (one list a request; a server that bundles
+  several tokens in one chunk gives one gap for them, as in vLLM). Statistics pool every gap of
+  every request: AIPerf calls this "inter chunk latency".
+- **E2EL**: last content chunk minus send time.
+- **TPOT**: ``(E2EL - TTFT) / (output_tokens - 1)`` per request, only for requests with more than
+  one output token; the others are left out of the TPOT statistics. AIPerf calls this "inter
+  token latency".
+- **Output tokens**: the server's ``usage.completion_tokens``; else the reply re-tokenized (when a
+  tokenizer is given); else the number of content chunks (column ``output_tokens_source``).
 - **Throughput**: completed requests, output tokens and all tokens, each divided by the run's
   wall time (first send to last completion). Failed requests count in neither latencies nor
   throughput.
-- Percentiles are numpy's linear-interpolated ``np.percentile``; ITL statistics pool every gap of
-  every request.
+- Percentiles are numpy's linear-interpolated ``np.percentile``.
 
 One difference from vLLM: vLLM counts any chunk with choices as a token, so a server that opens
 the stream with a role-only chunk before prefill (vllm-mlx does) would get a TTFT that excludes
-prefill. kvlab counts a chunk only when it carries text or a finish reason.
+prefill, and one that closes with an empty ``finish_reason`` chunk (mlx-lm's server does) gets one
+gap too many. kvlab counts a chunk only when it carries content.
 
 Example:
     >>> m = request_metrics(0.0, [0.5, 0.6, 0.8], output_tokens=3)
@@ -36,15 +42,42 @@ PERCENTILES = (50, 90, 99)
 LATENCIES = ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")
 GAP_TOL = 1e-3  # a batching flip at a top-2 logit gap above this is a real divergence
 
+# what each figure means, in one line: the CLI, LoadResult's reprs and tables print these
+DEFINITIONS = {
+    "ttft_ms": "TTFT: send -> first content chunk (text, reasoning or tool-call delta), ms",
+    "tpot_ms": "TPOT: per request (E2EL - TTFT) / (output_tokens - 1), ms "
+               "(AIPerf: inter_token_latency; vLLM: TPOT)",
+    "itl_ms": "ITL: every gap between consecutive content chunks, pooled over requests, ms "
+              "(AIPerf: inter_chunk_latency; vLLM: ITL)",
+    "e2el_ms": "E2EL: send -> last content chunk, ms (AIPerf: request_latency)",
+    "output_throughput": "Output throughput: output tokens / run wall time, tokens/s; tokens = usage "
+                         "completion_tokens (else the reply re-tokenized, else content chunks: "
+                         "output_tokens_source)",
+    "request_throughput": "Request throughput: completed requests / run wall time, requests/s",
+}
+
 SCHEMA = {
     "request": pl.Int64, "session": pl.Int64, "turn": pl.Int64, "name": pl.String,
     "endpoint": pl.String, "scheduled_s": pl.Float64, "start_s": pl.Float64, "ok": pl.Boolean,
     "error": pl.String, "ttft_ms": pl.Float64, "tpot_ms": pl.Float64, "e2el_ms": pl.Float64,
     "itl_ms": pl.List(pl.Float64), "output_tokens": pl.Int64, "prompt_tokens": pl.Int64,
     "prompt_tokens_expected": pl.Int64, "reused_tokens": pl.Int64, "reused_source": pl.String,
-    "finish_reason": pl.String, "reply_chars": pl.Int64, "output_ids": pl.List(pl.Int64),
-    "top2_gap": pl.List(pl.Float64), "reply": pl.String,
+    "output_tokens_source": pl.String, "finish_reason": pl.String, "reply_chars": pl.Int64,
+    "output_ids": pl.List(pl.Int64), "top2_gap": pl.List(pl.Float64), "reply": pl.String,
 }
+
+
+def legend(keys) -> list[str]:
+    """The definition lines of the figures among ``keys`` (summary keys such as ``ttft_ms_p50``
+    or frame columns), each once, in :data:`DEFINITIONS` order.
+
+    Example:
+        >>> legend(["ttft_ms_p50", "itl_ms_p50", "completed"])[0]
+        'TTFT: send -> first content chunk (text, reasoning or tool-call delta), ms'
+    """
+    keys = [str(k) for k in keys]
+    return [line for name, line in DEFINITIONS.items()
+            if any(k == name or k.startswith(name + "_") for k in keys)]
 
 
 def request_metrics(t_send: float, token_times, output_tokens: int | None) -> dict:
@@ -99,7 +132,8 @@ def summarise(frame: pl.DataFrame, duration_s: float) -> dict:
     s = {"completed": ok.height, "failed": frame.height - ok.height, "duration_s": float(duration_s),
          "total_input_tokens": in_tokens, "total_output_tokens": out_tokens,
          "request_throughput": ok.height / dur, "output_throughput": out_tokens / dur,
-         "total_token_throughput": (in_tokens + out_tokens) / dur}
+         "total_token_throughput": (in_tokens + out_tokens) / dur,
+         "output_tokens_source": "+".join(sorted(set(ok["output_tokens_source"].drop_nulls()))) or None}
     for name in LATENCIES:
         xs = ok[name].explode().to_list() if name == "itl_ms" else ok[name].to_list()
         s.update(_stats(xs, name))

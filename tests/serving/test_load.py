@@ -5,6 +5,7 @@ them deterministic (requests sent one at a time)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import polars as pl
 import pytest
@@ -128,6 +129,25 @@ def test_cli_load_prints_json_and_writes_parquet(server, tmp_path, capsys):
     f = pl.read_parquet(out)
     assert f.height == 4 and set(metrics.SCHEMA) <= set(f.columns)
     assert f["output_tokens"].to_list() == [3, 3, 3, 3]
+
+
+def test_cli_load_prints_definitions_and_aiperfs_figures_beside_its_own(server, tiny, tmp_path, capsys):
+    # catches: itl_ms_*/tpot_ms_* printed without saying which is which; the finish chunk counted
+    # as a token against a live mlx-lm server (8 gaps for 8 tokens); --compare-aiperf ignored
+    export = Path(__file__).parents[1] / "data" / "aiperf" / "profile_export_aiperf.json"
+    out = tmp_path / "load.parquet"
+    code = main(["load", server.url, "--workload", "prefix_repetition", "--tokenizer", str(tiny.path),
+                 "--concurrency", "2", "--num-requests", "4", "--prefix-len", "32", "--suffix-len", "32",
+                 "--output-len", "8", "--out", str(out), "--no-progress", "--compare-aiperf", str(export)])
+    assert code == 0
+    text = capsys.readouterr().out
+    for name in ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms", "output_throughput", "request_throughput"):
+        assert f"  {metrics.DEFINITIONS[name]}\n" in text
+    ttft = next(line for line in text.splitlines() if line.strip().startswith("ttft_ms") and " p50 " in line)
+    assert "946.5" in ttft and ttft.endswith("time_to_first_token.p50 (ms)")  # AIPerf's value, from the file
+    f = pl.read_parquet(out)
+    assert f["output_tokens"].to_list() == [8, 8, 8, 8] and (f["output_tokens_source"] == "usage").all()
+    assert f["itl_ms"].list.len().to_list() == [7, 7, 7, 7]  # tokens - 1 gaps
 
 
 def test_load_result_reprs(server):

@@ -4,7 +4,10 @@ prefill-time fit."""
 
 from __future__ import annotations
 
+import asyncio
 import time
+from html import escape as html_escape
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -14,6 +17,7 @@ import pytest
 import kvlab as kv
 from kvlab.errors import RequestError, TraceError
 from kvlab.serving import client, loadgen, metrics, savings, sessions
+from sse_events import sse_events
 
 
 # --------------------------------------------------------------------------------- metrics
@@ -87,6 +91,92 @@ def test_compare_outputs_reports_first_difference_and_gap():
     assert c["first_diff"].to_list() == [None, 1, 1]
     assert c["gap"].to_list() == [None, 0.0004, 2.0]
     assert c["ok"].to_list() == [True, True, False]  # a near-tie flip passes, a 2.0 gap fails
+
+
+# --------------------------------------------------------------------------------- chunks, definitions
+
+STREAM = Path(__file__).parents[1] / "data" / "streams" / "mlx_lm_chat_8_tokens.sse"
+
+
+def _chunks(events):
+    from openai.types.chat import ChatCompletionChunk
+
+    async def gen():
+        for e in events:
+            yield ChatCompletionChunk.construct(**e)  # what the SDK does: no validation (mlx-lm sends
+            # its usage chunk as "chat.completion")
+    return gen()
+
+
+def test_the_closing_finish_reason_chunk_is_not_a_token():
+    # catches: a chunk with only finish_reason counted as a token (9 times, 8 gaps for 8 tokens)
+    events = sse_events(STREAM.read_bytes())  # recorded from kvlab serve (mlx-lm's server), max_tokens 8
+    closing = events[-2]["choices"][0]
+    assert closing["finish_reason"] == "length" and "content" not in closing["delta"]
+    out = asyncio.run(client.read_stream(_chunks(events), "chat"))
+    assert out["usage"]["completion_tokens"] == 8 and out["finish_reason"] == "length"
+    assert len(out["times"]) == 8
+    m = metrics.request_metrics(0.0, out["times"], out["usage"]["completion_tokens"])
+    assert len(m["itl_ms"]) == 8 - 1  # exactly tokens - 1 gaps
+    assert out["text"] == "".join(e["choices"][0]["delta"].get("content") or "" for e in events[:-1])
+
+
+def test_reasoning_and_tool_call_deltas_are_tokens_role_only_chunks_are_not():
+    # catches: only text content counted (a reasoning model's thinking would have no TTFT)
+    base = {"id": "x", "object": "chat.completion.chunk", "created": 0, "model": "m"}
+    deltas = [{"role": "assistant"}, {"reasoning": "hm"}, {"content": "Hi"},
+              {"tool_calls": [{"index": 0, "id": "c", "type": "function",
+                               "function": {"name": "f", "arguments": "{}"}}]}, {}]
+    events = [{**base, "choices": [{"index": 0, "delta": d, "finish_reason": "stop" if i == 4 else None}]}
+              for i, d in enumerate(deltas)]
+    out = asyncio.run(client.read_stream(_chunks(events), "chat"))
+    assert len(out["times"]) == 3 and out["text"] == "Hi" and out["finish_reason"] == "stop"
+
+
+class _Canned(client.Sender):
+    """A Sender whose HTTP call returns a canned streamed reply: content chunks at 0.5, 0.6, 0.8 s."""
+
+    async def _send(self, turn, replies, t_send):
+        return {"text": "abc", "usage": self.usage, "times": [t_send + 0.5, t_send + 0.6, t_send + 0.8],
+                "finish_reason": "stop"}
+
+
+def test_output_tokens_come_from_usage_else_from_content_chunks():
+    # catches: a server without usage leaves output_tokens null (0 tokens/s in the summary)
+    turn = sessions.sessions_for("multi_turn", users=1, turns=1)[0].turns[0]
+    send = _Canned(None, "m")
+    send.usage = None
+    row, _ = asyncio.run(send(turn, [], 0.0))
+    assert (row["output_tokens"], row["output_tokens_source"]) == (3, "chunks")
+    assert row["tpot_ms"] == pytest.approx(150.0) and row["itl_ms"] == pytest.approx([100.0, 200.0])
+    send.usage = {"completion_tokens": 5, "prompt_tokens": 9}
+    row, _ = asyncio.run(send(turn, [], 0.0))
+    assert (row["output_tokens"], row["output_tokens_source"]) == (5, "usage")
+    assert row["tpot_ms"] == pytest.approx(300.0 / 4)
+    s = metrics.summarise(metrics.frame_of([{**row, "request": 0}]), 1.0)
+    assert s["output_tokens_source"] == "usage" and s["output_throughput"] == 5.0
+
+
+def test_sender_repr():
+    # catches: __repr__/_repr_html_ defined outside the class (dead code after a return)
+    send = client.Sender(None, "default_model", timeout=30.0)
+    assert repr(send) == "Sender('default_model', streamed, timeout=30s)"
+    assert send._repr_html_() == "<code>Sender(&#x27;default_model&#x27;, streamed, timeout=30s)</code>"
+    assert repr(client.Sender(None, "m", record_tokens=True)) == "Sender('m', logprobs, timeout=120s)"
+
+
+def test_every_printed_latency_carries_its_definition():
+    # catches: a figure shown without its definition, or TPOT/ITL definitions swapped
+    assert metrics.legend(["ttft_ms_p50", "itl_ms_p50", "completed", "itl_ms_mean"]) == [
+        metrics.DEFINITIONS["ttft_ms"], metrics.DEFINITIONS["itl_ms"]]
+    assert metrics.DEFINITIONS["tpot_ms"].startswith("TPOT: per request (E2EL - TTFT) / (output_tokens - 1)")
+    assert "AIPerf: inter_token_latency" in metrics.DEFINITIONS["tpot_ms"]
+    assert "AIPerf: inter_chunk_latency" in metrics.DEFINITIONS["itl_ms"]
+    r = loadgen.LoadResult(metrics.frame_of(_rows()), 2.0, {"label": "x"})
+    html = r._repr_html_()
+    for name in ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms", "output_throughput", "request_throughput"):
+        assert html_escape(metrics.DEFINITIONS[name]) in html
+    assert len(metrics.legend(r.summary)) == len(metrics.DEFINITIONS)
 
 
 # --------------------------------------------------------------------------------- arrivals, caps
