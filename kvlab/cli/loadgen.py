@@ -49,7 +49,7 @@ def register(sub) -> None:
     s.add_argument("--input-len", type=int, default=None,
                    help="fixed: prompt tokens, exact as the chat template renders them (needs --tokenizer)")
     s.add_argument("--output-len", "--max-tokens", dest="output_len", type=int, default=None,
-                   help="every workload but traces: max_tokens of each request (default 128)")
+                   help="every workload but traces: max_tokens of each request (default 128; agentic_loop 256)")
     s.add_argument("--system-tokens", type=int, default=None,
                    help="fixed: shared system prompt tokens, exact (default 0: none); chat workloads: about")
     s.add_argument("--prefix-len", type=int, default=None, help="prefix_repetition: prefix ids (default 256)")

@@ -2,8 +2,8 @@
 
 mlx-lm's routes (``/v1/chat/completions``, ``/chat/completions``, ``/v1/completions``,
 ``/health``) run its own code; ``GET /v1/models`` lists the one model served. Added: an API key
-checked before every route
-(``Authorization: Bearer KEY`` or ``x-api-key: KEY``; 401 with a JSON error otherwise),
+checked before every route (``Authorization: Bearer KEY`` or ``x-api-key: KEY``; 401 with a JSON
+error otherwise),
 ``GET /kvlab/stats``, ``GET /kvlab/events?since=N``, ``GET /kvlab/requests?since=N`` (one row per
 finished request: kvlab.serving.diagnosing), the providers' cache diagnostics on chat completions
 and ``/v1/messages`` (a malformed diagnostics object is a 400), ``POST /v1/messages`` (Anthropic, see
