@@ -28,7 +28,8 @@ POLICIES = (BASE, "message_ends", "cost_aware")
 COLUMNS = ("policy", "budget", "reused tokens median (min-max)", "token hit rate",
            "TTFT p50 ms median (min-max)", "TTFT p99 ms median", "bytes held (peak)",
            "reused vs segment_ends", "TTFT p50 vs segment_ends")
-LOAD = dict(concurrency=3, users=3, turns=3, system_tokens=300, tools=2, result_tokens=40,
+# system_tokens: the floor for 2 tools (the same prompt as every smaller value; a load run refuses less)
+LOAD = dict(concurrency=3, users=3, turns=3, system_tokens=340, tools=2, result_tokens=40,
             billing_header=False, max_tokens=8)
 
 

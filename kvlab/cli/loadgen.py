@@ -17,7 +17,10 @@ import time
 from ..errors import KvlabError
 from .output import print_result
 
-_WORKLOADS = "multi_turn, agentic_loop, shared_system_prompt, prefix_repetition, or a trace .jsonl"
+_WORKLOADS = ("multi_turn, agentic_loop, shared_system_prompt, prefix_repetition, fixed (exact input and "
+              "output lengths for cross-tool runs), or a trace .jsonl")
+_WORKLOAD_FLAGS = ("turns", "input_len", "output_len", "system_tokens", "prefix_len", "suffix_len",
+                   "num_prefixes", "time_scale", "block_tokens")
 
 
 def register(sub) -> None:
@@ -32,7 +35,8 @@ def register(sub) -> None:
     cap.add_argument("--num-requests", type=int, default=None, help="stop after this many requests")
     cap.add_argument("--duration", type=float, default=None, help="send nothing after this many seconds")
     s.add_argument("--users", type=int, default=None, help="sessions to make (default: from the cap)")
-    s.add_argument("--time-scale", type=float, default=1.0, help="trace replay: multiply timestamps")
+    s.add_argument("--time-scale", type=float, default=None,
+                   help="trace replay: multiply timestamps (default 1)")
     s.add_argument("--block-tokens", type=int, default=None,
                    help="trace replay: tokens per hash block (default the trace's 512; shrink for small models)")
     s.add_argument("--tokenizer", default=None,
@@ -40,13 +44,17 @@ def register(sub) -> None:
     s.add_argument("--model", default=None, help="model name sent in requests (default: /v1/models)")
     s.add_argument("--api-key", default=None, help="bearer key (default $KVLAB_API_KEY / $OPENAI_API_KEY)")
     s.add_argument("--timeout", type=float, default=120.0, help="per-request timeout in seconds")
-    s.add_argument("--turns", type=int, default=None, help="multi_turn / agentic_loop turns a session")
-    s.add_argument("--max-tokens", type=int, default=None, help="chat workloads: tokens to generate")
-    s.add_argument("--system-tokens", type=int, default=None, help="chat workloads: system prompt size")
-    s.add_argument("--prefix-len", type=int, default=256)
-    s.add_argument("--suffix-len", type=int, default=256)
-    s.add_argument("--num-prefixes", type=int, default=1)
-    s.add_argument("--output-len", type=int, default=128)
+    # workload flags: each applies to the workloads kvlab.serving.workload_params lists, else refused
+    s.add_argument("--turns", type=int, default=None, help="multi_turn / agentic_loop: turns a session")
+    s.add_argument("--input-len", type=int, default=None,
+                   help="fixed: prompt tokens, exact as the chat template renders them (needs --tokenizer)")
+    s.add_argument("--output-len", "--max-tokens", dest="output_len", type=int, default=None,
+                   help="every workload but traces: max_tokens of each request (default 128; agentic_loop 256)")
+    s.add_argument("--system-tokens", type=int, default=None,
+                   help="fixed: shared system prompt tokens, exact (default 0: none); chat workloads: about")
+    s.add_argument("--prefix-len", type=int, default=None, help="prefix_repetition: prefix ids (default 256)")
+    s.add_argument("--suffix-len", type=int, default=None, help="prefix_repetition: suffix ids (default 256)")
+    s.add_argument("--num-prefixes", type=int, default=None, help="prefix_repetition: prefixes (default 1)")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--record-tokens", action="store_true",
                    help="non-streamed requests with logprobs: output ids and top-2 gaps, no TTFT")
@@ -74,19 +82,13 @@ def load(args) -> int:
     """Run the load test; print the summary (aligned, or JSON) and where the frame went."""
     _check_aiperf(args)  # a bad export fails before the run, not after it
     from ..serving.loadgen import generate_load
+    from ..serving.workload_params import workload_kwargs
 
-    params = {}
-    if args.workload == "prefix_repetition":
-        params.update(prefix_len=args.prefix_len, suffix_len=args.suffix_len,
-                      num_prefixes=args.num_prefixes, output_len=args.output_len)
-    for name in ("turns", "max_tokens", "system_tokens"):
-        if getattr(args, name) is not None:
-            if args.workload not in ("multi_turn", "agentic_loop", "shared_system_prompt"):
-                raise KvlabError(f"--{name.replace('_', '-')} applies to chat workloads, not {args.workload}")
-            params[name] = getattr(args, name)
+    params = {name: getattr(args, name) for name in _WORKLOAD_FLAGS}
+    workload_kwargs(args.workload, params, spell=lambda n: "--" + n.replace("_", "-"))  # flag names in errors
     r = generate_load(args.url, args.workload, concurrency=args.concurrency, rate=args.rate,
                   num_requests=args.num_requests, duration=args.duration, users=args.users,
-                  time_scale=args.time_scale, block_tokens=args.block_tokens, tokenizer=args.tokenizer,
+                  tokenizer=args.tokenizer,
                   model=args.model, api_key=args.api_key, timeout=args.timeout, seed=args.seed,
                   record_tokens=args.record_tokens, progress=not args.no_progress, out=args.out,
                   **params)

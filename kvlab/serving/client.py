@@ -162,20 +162,24 @@ def _logprob_ids(logprobs) -> tuple[list[int] | None, list[float] | None]:
 
 
 async def model_name(http, base: str) -> str:
-    """The first model ``/v1/models`` lists; mlx-lm's ``default_model`` when it lists none."""
+    """The first model ``/v1/models`` lists; a KvlabError when it answers with none (pass
+    ``model=``; mlx-lm's ``default_model`` only when the listing itself times out)."""
     import httpx
 
     try:
         r = await http.get(f"{base}/v1/models")
     except httpx.ConnectError as e:
         raise KvlabError(f"cannot connect to {base}: is the server running? ({e})") from e
-    except httpx.HTTPError:
+    except httpx.HTTPError:  # a slow listing (a tiny timeout): mlx-lm's name for its one model
         return "default_model"
     try:
         data = r.json().get("data") if r.status_code == 200 else None
-    except ValueError:
+    except (ValueError, AttributeError):
         data = None
-    return data[0]["id"] if data else "default_model"
+    if not data or not isinstance(data, list) or not isinstance(data[0], dict) or "id" not in data[0]:
+        raise KvlabError(f"{base}/v1/models listed no model (HTTP {r.status_code}, {len(r.content)} "
+                         "bytes); pass the model name the server answers to (--model / model=)")
+    return str(data[0]["id"])
 
 
 async def warmup_request(client, model: str, endpoint: str, base: str) -> None:

@@ -1,8 +1,9 @@
 """KvlabHandler: mlx-lm's ``APIHandler`` extended by subclassing, never copied.
 
 mlx-lm's routes (``/v1/chat/completions``, ``/chat/completions``, ``/v1/completions``,
-``/v1/models``, ``/health``) run its own code. Added: an API key checked before every route
-(``Authorization: Bearer KEY`` or ``x-api-key: KEY``; 401 with a JSON error otherwise),
+``/health``) run its own code; ``GET /v1/models`` lists the one model served. Added: an API key
+checked before every route (``Authorization: Bearer KEY`` or ``x-api-key: KEY``; 401 with a JSON
+error otherwise),
 ``GET /kvlab/stats``, ``GET /kvlab/events?since=N``, ``GET /kvlab/requests?since=N`` (one row per
 finished request: kvlab.serving.diagnosing), the providers' cache diagnostics on chat completions
 and ``/v1/messages`` (a malformed diagnostics object is a 400), ``POST /v1/messages`` (Anthropic, see
@@ -79,6 +80,9 @@ class KvlabHandler(APIHandler):
                 return self._json(200, {"requests": rows, "next": max(since, 0) + len(rows)})
             events = self.kv.events_log.since(since)
             return self._json(200, {"events": events, "next": self.kv.events_log.next_seq})
+        if route == "/v1/models":  # mlx-lm's lists the Hugging Face cache (none here) after its headers
+            return self._json(200, {"object": "list", "data": [{"id": self.kv.model.name, "object": "model",
+                                                                "created": self.created, "owned_by": "kvlab"}]})
         if route in GET_ROUTES:
             return super().do_GET()
         return self._json(404, _error(f"unknown route GET {route}; GET routes: {', '.join(GET_ROUTES)}",

@@ -35,6 +35,7 @@ from ..primitives.files import atomic_write_with
 from .client import Sender, fetch_events, flatten, model_name, server_stats, warmup_request
 from .metrics import frame_of, legend, summarise
 from .sessions import CHAT_SESSIONS, Session, sessions_for
+from .workload_params import workload_kwargs
 
 DURATION_USERS = 256  # sessions made for a duration-capped run when neither users nor a count is given
 
@@ -135,14 +136,16 @@ async def generate_load_async(url: str, workload="multi_turn", *, concurrency: i
                           duration: float | None = None, users: int | None = None,
                           tokenizer=None, model: str | None = None, api_key: str | None = None,
                           timeout: float = 120.0, temperature: float = 0.0, seed: int = 0,
-                          time_scale: float = 1.0, block_tokens: int | None = None,
+                          time_scale: float | None = None, block_tokens: int | None = None,
                           max_prompt_tokens: int | None = None, record_tokens: bool = False,
                           extra_body: dict | None = None, warmup: bool = True, keep_text: bool = False,
                           progress: bool = True,
                           label: str | None = None, out=None, **params) -> LoadResult:
     """The load run as a coroutine. ``workload`` is a name (multi_turn, agentic_loop,
-    shared_system_prompt, prefix_repetition), a ``kv.Workload``, a trace or a trace file;
-    ``params`` go to its generator. ``record_tokens`` sends non-streamed requests with
+    shared_system_prompt, prefix_repetition, fixed), a ``kv.Workload``, a trace or a trace file;
+    ``params`` go to its generator, and one that does not apply to it is refused (the table in
+    :mod:`kvlab.serving.workload_params`; ``output_len`` sets every request's ``max_tokens``;
+    ``time_scale`` (default 1), ``block_tokens`` and ``max_prompt_tokens`` are for traces). ``record_tokens`` sends non-streamed requests with
     ``logprobs`` so each row has its output ids and top-2 logprob gaps (no TTFT then).
     ``warmup`` first sends one untimed two-character request (a server's first request pays for
     lazy loading and compilation; vLLM's bench warms up the same way). ``keep_text`` keeps each
@@ -157,8 +160,9 @@ async def generate_load_async(url: str, workload="multi_turn", *, concurrency: i
 
         tokenizer = load(os.fspath(tokenizer))
     sessions, cap = _plan(workload, concurrency, rate, num_requests, duration, users, timeout,
-                          tokenizer=tokenizer, seed=seed, time_scale=time_scale,
-                          block_tokens=block_tokens, max_prompt_tokens=max_prompt_tokens, **params)
+                          tokenizer=tokenizer, seed=seed,
+                          params=dict(params, time_scale=time_scale, block_tokens=block_tokens,
+                                      max_prompt_tokens=max_prompt_tokens))
     name = workload if isinstance(workload, str) else getattr(workload, "name", "trace")
     label = label or (f"{Path(name).stem}@c{concurrency}" if concurrency and not rate
                       else f"{Path(name).stem}@r{rate}" if rate else Path(name).stem)
@@ -233,7 +237,8 @@ async def generate_load_async(url: str, workload="multi_turn", *, concurrency: i
     return result
 
 
-def _plan(workload, concurrency, rate, num_requests, duration, users, timeout, **kw):
+def _plan(workload, concurrency, rate, num_requests, duration, users, timeout, *, tokenizer, seed,
+          params: dict):
     for name, v in (("concurrency", concurrency), ("num_requests", num_requests), ("users", users)):
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
             raise RequestError(f"{name} must be a positive int, got {v!r}")
@@ -241,6 +246,8 @@ def _plan(workload, concurrency, rate, num_requests, duration, users, timeout, *
         if v is not None and not (isinstance(v, (int, float)) and v > 0 and math.isfinite(v)):
             raise RequestError(f"{name} must be a positive number of {'requests/s' if name == 'rate' else 's'}, "
                                f"got {v!r}")
+    kw = dict(workload_kwargs(workload, params), tokenizer=tokenizer, seed=seed)
+    kw.setdefault("time_scale", 1.0)  # trace replay's default; refused for other workloads when given
     is_trace = not isinstance(workload, str) or str(workload).endswith((".jsonl", ".json"))
     if concurrency is None and rate is None and not (is_trace and not hasattr(workload, "requests")):
         raise RequestError("pass concurrency=N (sessions in flight) or rate=R (Poisson arrivals a "

@@ -188,8 +188,14 @@ def start_mlx_lm(model="tiny", *, port: int | None = None, prompt_cache_size: in
             "--prompt-cache-size", str(int(prompt_cache_size))]
     if prompt_cache_bytes is not None:
         args += ["--prompt-cache-bytes", str(int(prompt_cache_bytes))]
+    from ..models.loading import kvlab_home
+
+    # an empty Hugging Face cache: /v1/models then lists the model folder (with none, mlx_lm.server
+    # fails to scan it after sending its headers, and the list comes back empty)
+    hub = kvlab_home() / "peers" / "empty-hf-hub"
+    hub.mkdir(parents=True, exist_ok=True)
     env = env_with_fast_blas()
-    env.update(HF_HUB_OFFLINE="1")
+    env.update(HF_HUB_OFFLINE="1", HF_HUB_CACHE=str(hub))
     cmd = [sys.executable, "-m", "mlx_lm.server", *args, *map(str, extra_args)]
     mode = "lru" if prompt_cache_size > 0 else "no prompt cache"
     return _launch("mlx_lm.server", mode, folder, port, cmd, env, None, timeout)

@@ -6,6 +6,8 @@ the server's *actual* earlier replies back in place of the workload's canned ass
 
 - ``multi_turn`` and ``agentic_loop``: one session per user, each a fresh seed.
 - ``shared_system_prompt``: one single-turn session per user, all sharing the system prompt.
+- ``fixed``: single-turn chat requests of exactly ``input_len`` rendered tokens (its ``ids``
+  are the rendering, so the run checks the server's prompt count against them).
 - ``prefix_repetition`` (token ids): single-turn completions; the ids are sent as text that
   the server's tokenizer encodes back to the same ids (``prefix_repetition(tokenizer=...)`` draws
   pieces that round-trip; the load run checks the server's prompt count against the ids).
@@ -24,9 +26,7 @@ Example:
 
 from __future__ import annotations
 
-import functools
 import math
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,20 +34,20 @@ import numpy as np
 
 from ..errors import RequestError, TraceError
 from ..request import Request, Workload
+from ..workloads.fixed import rendered_ids, safe_ids
 from ..primitives.display import summary_html
 
 CHAT_SESSIONS = ("multi_turn", "agentic_loop")
-SINGLE_TURN = ("shared_system_prompt", "prefix_repetition")
+SINGLE_TURN = ("shared_system_prompt", "prefix_repetition", "fixed")
 WORKLOADS = CHAT_SESSIONS + SINGLE_TURN
-_SAFE = re.compile(r"^[\u0120\u2581][a-z]{3,10}$")  # byte-level "Ġword" / sentencepiece "▁word"
 
 
 @dataclass(frozen=True, eq=False)
 class Turn:
     """One request: chat ``messages`` (assistant messages are slots for earlier replies, unless
     ``as_recorded``: a workload's standalone request, sent exactly as written) or a completions
-    ``prompt`` (with the token ``ids`` it must encode to, when known); ``tools`` go with a chat
-    request."""
+    ``prompt``; ``ids``, when known, are the prompt's token ids (for chat: the template's rendering)
+    the server's prompt count is checked against; ``tools`` go with a chat request."""
 
     name: str
     max_tokens: int
@@ -132,6 +132,12 @@ def sessions_for(workload, *, tokenizer=None, users: int = 8, seed: int = 0, tim
     if workload in CHAT_SESSIONS:
         return [Session(u, tuple(_turn(r, tokenizer) for r in gen(seed=seed + u, **params)))
                 for u in range(users)]
+    if workload == "fixed":
+        wl = gen(num_requests=users, seed=seed, tokenizer=tokenizer, **params)
+        # the rendered ids go along so each row checks the server's prompt count against them
+        return [Session(i, (Turn(r.name, int(r.max_tokens), messages=r.messages,
+                                 ids=tuple(rendered_ids(tokenizer, r.messages))),))
+                for i, r in enumerate(wl.requests)]
     if workload == "prefix_repetition":
         if tokenizer is None:
             raise RequestError("prefix_repetition sends token ids as text, so it needs the served "
@@ -192,37 +198,6 @@ def decode(tokenizer, ids) -> str:
     from ..primitives.tokens import hf_tokenizer
 
     return hf_tokenizer(tokenizer).decode(list(ids))
-
-
-@functools.lru_cache(maxsize=4)
-def _safe_ids_cached(hf) -> tuple[int, ...]:
-    names = hf.convert_ids_to_tokens(list(range(int(hf.vocab_size))))
-    out = []
-    for i, name in enumerate(names):
-        if isinstance(name, str) and _SAFE.match(name):
-            if list(hf.encode(hf.decode([i]), add_special_tokens=False)) == [i]:
-                out.append(i)
-                if len(out) == 4096:
-                    break
-    return tuple(out)
-
-
-def safe_ids(tokenizer) -> tuple[int, ...]:
-    """Up to 4096 token ids that each decode to a space and 3-10 lowercase letters and encode back
-    to themselves: any sequence of them decodes to text that encodes to exactly that sequence.
-
-    Example:
-        >>> ids = safe_ids(m)[:5]
-        >>> hf.encode(hf.decode(list(ids)), add_special_tokens=False) == list(ids)
-        True
-    """
-    from ..primitives.tokens import hf_tokenizer
-
-    ids = _safe_ids_cached(hf_tokenizer(tokenizer))
-    if len(ids) < 64:
-        raise RequestError("this tokenizer has too few single-token lowercase words to synthesise "
-                           "trace prompts that round-trip; replay the trace with another model")
-    return ids
 
 
 def block_ids(hash_id: int, n: int, safe: tuple[int, ...]) -> list[int]:

@@ -6,7 +6,9 @@ text (calibrated on the Qwen3 tokenizer: about 5.5 characters a token for the se
 for JSON) and exact for token ids.
 
 - ``generators``: multi_turn, branching, agentic_loop, shared_system_prompt, prefix_repetition,
-  multimodal_mix (and ``GENERATORS`` by name);
+  multimodal_mix, fixed (and ``GENERATORS`` by name);
+- ``fixed``: prompts of exactly N rendered tokens (chat template counted) for cross-tool runs,
+  and the ``safe_ids`` / ``rendered_ids`` they are made and measured with;
 - ``text``: the seeded prose, questions, images and tool schemas they are made of (the schemas
   are package data, ``kvlab/data/tool_schemas.json``);
 - ``fit``: ``fit_to_context``, a workload shrunk to a model's context;
@@ -25,11 +27,13 @@ from __future__ import annotations
 from ..request import Request, Workload
 from .agent_causes import CAUSES, Cause, Fix, StructuralChange, structural_change
 from .fit import fit_to_context
+from .fixed import fixed, rendered_ids, safe_ids
 from .generators import (BILLING_HEADER, GENERATORS, agentic_loop, branching, multi_turn, multimodal_mix,
                          prefix_repetition, shared_system_prompt)
 from .text import JSON_CHARS_PER_TOKEN, PROSE_CHARS_PER_TOKEN, tool_schemas
 
 __all__ = ["BILLING_HEADER", "CAUSES", "Cause", "Fix", "GENERATORS", "JSON_CHARS_PER_TOKEN",
            "PROSE_CHARS_PER_TOKEN", "Request", "StructuralChange",
-           "Workload", "agentic_loop", "branching", "fit_to_context", "multi_turn", "multimodal_mix",
-           "prefix_repetition", "shared_system_prompt", "structural_change", "tool_schemas"]
+           "Workload", "agentic_loop", "branching", "fit_to_context", "fixed", "multi_turn", "multimodal_mix",
+           "prefix_repetition", "rendered_ids", "safe_ids", "shared_system_prompt", "structural_change",
+           "tool_schemas"]

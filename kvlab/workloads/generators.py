@@ -3,7 +3,7 @@
 
 Example:
     >>> sorted(GENERATORS)
-    ['agentic_loop', 'branching', 'multi_turn', 'multimodal_mix', 'prefix_repetition', 'shared_system_prompt']
+    ['agentic_loop', 'branching', 'fixed', 'multi_turn', 'multimodal_mix', 'prefix_repetition', 'shared_system_prompt']
 """
 
 from __future__ import annotations
@@ -16,10 +16,13 @@ import numpy as np
 from ..errors import RequestError
 from ..request import Request, Workload, canonical_json
 from ..primitives.tokens import hf_tokenizer
+from .fixed import fixed
 from .text import (check_positive, prose, question, seeded_image, system_prompt, tool_args,
                    tool_result, tool_schemas)
 
 BILLING_HEADER = "x-anthropic-billing-header: cc_version=2.1.100.7b4; cc_entrypoint=cli; cch={cch};"
+# the role each tool-schema system prompt opens with (its length sets the prompt's floor)
+SYSTEM_ROLES = {"agentic_loop": "an autonomous coding agent", "shared_system_prompt": "a coding assistant"}
 
 
 def multi_turn(turns: int = 3, seed: int = 0, *, system_tokens: int = 64, user_tokens: int = 40,
@@ -97,7 +100,7 @@ def agentic_loop(turns: int = 4, seed: int = 0, *, system_tokens: int = 800, too
     """
     check_positive(turns=turns)
     rng = np.random.default_rng([seed, 2])
-    system = system_prompt(rng, system_tokens, tools, "an autonomous coding agent")
+    system = system_prompt(rng, system_tokens, tools, SYSTEM_ROLES["agentic_loop"])
     task = {"role": "user", "content": "Task: " + question(rng, 60)
             + " Use the tools; read before you edit and run the tests when done."}
     schemas = tool_schemas()
@@ -135,7 +138,8 @@ def shared_system_prompt(num_users: int = 4, seed: int = 0, *, system_tokens: in
     """
     check_positive(num_users=num_users)
     rng = np.random.default_rng([seed, 3])
-    system = {"role": "system", "content": system_prompt(rng, system_tokens, tools, "a coding assistant")}
+    system = {"role": "system", "content": system_prompt(rng, system_tokens, tools,
+                                                          SYSTEM_ROLES["shared_system_prompt"])}
     requests = tuple(
         Request(messages=(system, {"role": "user", "content": question(rng, question_tokens)}),
                 max_tokens=max_tokens, name=f"user-{u + 1}")
@@ -253,4 +257,4 @@ def multimodal_mix(num_requests: int = 4, seed: int = 0, *, image_every: int = 2
 
 
 GENERATORS = {f.__name__: f for f in (multi_turn, branching, agentic_loop, shared_system_prompt,
-                                      prefix_repetition, multimodal_mix)}
+                                      prefix_repetition, multimodal_mix, fixed)}

@@ -113,15 +113,30 @@ def tool_schemas() -> tuple[dict, ...]:
     return tuple(json.loads(text))
 
 
-def system_prompt(rng, tokens: int, tools: int, role: str) -> str:
-    """A system prompt for ``role`` with the first ``tools`` tool schemas as JSON lines, padded
-    with seeded guidelines to about ``tokens`` tokens."""
+def _system_head(tools: int, role: str) -> str:
     schemas = tool_schemas()[: max(0, min(tools, len(tool_schemas())))]
     parts = [f"You are {role}. Answer precisely, cite file paths, and keep edits minimal."]
     if schemas:
         parts.append("# Tools\nYou can call these tools. Reply with <tool_call>{json}</tool_call>.")
         parts.extend(json.dumps({"type": "function", "function": s}) for s in schemas)
-    text = "\n\n".join(parts)
+    return "\n\n".join(parts)
+
+
+def system_prompt_floor(tools: int, role: str = "a coding assistant") -> int:
+    """The smallest ``tokens`` :func:`system_prompt` honours (estimated tokens of its instructions
+    and ``tools`` schemas): every smaller value gives the same prompt.
+
+    Example:
+        >>> system_prompt_floor(0)
+        22
+    """
+    return int(len(_system_head(tools, role)) / JSON_CHARS_PER_TOKEN)
+
+
+def system_prompt(rng, tokens: int, tools: int, role: str) -> str:
+    """A system prompt for ``role`` with the first ``tools`` tool schemas as JSON lines, padded
+    with seeded guidelines to about ``tokens`` tokens (never below :func:`system_prompt_floor`)."""
+    text = _system_head(tools, role)
     missing = tokens - int(len(text) / JSON_CHARS_PER_TOKEN)
     if missing > 0:
         text += "\n\n# Guidelines\n" + prose(rng, missing)

@@ -79,7 +79,7 @@ def test_trace_replay_keeps_the_traces_prefix_sharing(server, tiny):
 
 def test_rate_arrivals_and_duration_cap(server):
     r = kv.generate_load(server.url, "shared_system_prompt", rate=20.0, duration=1.0, users=200,
-                     system_tokens=100, max_tokens=2, seed=5, progress=False)
+                     system_tokens=672, max_tokens=2, seed=5, progress=False)
     f = r.frame
     planned = [a for a in loadgen._arrivals([None] * 200, 20.0, 5) if a < 1.0]
     assert abs(f.height - len(planned)) <= 1                 # every arrival before the cap, no more
@@ -89,7 +89,7 @@ def test_rate_arrivals_and_duration_cap(server):
 
 
 def test_outputs_under_concurrency_equal_the_same_requests_alone_without_cache(server, tiny):
-    kw = dict(users=6, system_tokens=200, max_tokens=12, record_tokens=True, seed=3, progress=False)
+    kw = dict(users=6, system_tokens=672, max_tokens=12, record_tokens=True, seed=3, progress=False)
     together = kv.generate_load(server.url, "shared_system_prompt", concurrency=4, **kw)
     with peers.start_mlx_lm(tiny, prompt_cache_size=0) as off:
         alone = kv.generate_load(off.url, "shared_system_prompt", concurrency=1, **kw)
@@ -121,7 +121,7 @@ def test_an_unreachable_server_is_a_clear_error():
 def test_cli_load_prints_json_and_writes_parquet(server, tmp_path, capsys):
     out = tmp_path / "runs" / "load.parquet"
     code = main(["loadgen", server.url, "--workload", "shared_system_prompt", "--concurrency", "2",
-                 "--num-requests", "4", "--max-tokens", "3", "--system-tokens", "80", "--out", str(out),
+                 "--num-requests", "4", "--max-tokens", "3", "--system-tokens", "672", "--out", str(out),
                  "--json", "--no-progress"])
     assert code == 0
     printed = json.loads(capsys.readouterr().out)

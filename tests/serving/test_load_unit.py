@@ -16,7 +16,7 @@ import pytest
 
 import kvlab as kv
 from kvlab.errors import RequestError, TraceError
-from kvlab.serving import client, loadgen, metrics, savings, sessions
+from kvlab.serving import client, loadgen, metrics, savings, sessions, workload_params
 from sse_events import sse_events
 
 
@@ -326,3 +326,90 @@ def test_repeats_prefilled_again_compares_each_repeat_with_the_cold_first_reques
     assert savings.repeats_prefilled_again(frame) == 2
     with pytest.raises(RequestError, match="repeat_workload"):
         savings.repeats_prefilled_again(frame.filter(pl.col("name") != "A"))
+
+
+# --------------------------------------------------------------------------------- workload parameters
+
+def _planned(workload, **params):
+    sessions_, _ = loadgen._plan(workload, 1, None, None, None, 2, 60.0, tokenizer=None, seed=0,
+                                 params=params)
+    return [t.max_tokens for s in sessions_ for t in s.turns]
+
+
+@pytest.mark.parametrize("workload", ["multi_turn", "agentic_loop", "shared_system_prompt"])
+def test_output_len_sets_every_chat_requests_max_tokens(workload):
+    # issue 22: multi_turn --output-len 5 generated 128. Mutant caught: output_len not turned into
+    # the chat generators' max_tokens (they keep 128 / 256)
+    n = {"multi_turn": 6, "agentic_loop": 8, "shared_system_prompt": 2}[workload]
+    assert _planned(workload, output_len=5) == [5] * n
+    assert _planned(workload, max_tokens=7) == [7] * n            # the old name, same thing
+
+
+def test_output_len_and_lengths_apply_to_prefix_repetition_and_fixed(qwen_tokenizer):
+    ss = sessions.sessions_for("prefix_repetition", users=2, tokenizer=qwen_tokenizer,
+                               **workload_params.workload_kwargs("prefix_repetition",
+                                                                 {"output_len": 9, "prefix_len": 32,
+                                                                  "suffix_len": 8}))
+    assert [(s.turns[0].max_tokens, len(s.turns[0].ids)) for s in ss] == [(9, 40), (9, 40)]
+    kw = workload_params.workload_kwargs("fixed", {"output_len": 4, "input_len": 80, "system_tokens": 20})
+    ss = sessions.sessions_for("fixed", users=3, tokenizer=qwen_tokenizer, seed=0, **kw)
+    turns = [s.turns[0] for s in ss]
+    # the rendered ids go with each chat turn, so the run checks the server's prompt count
+    assert [(t.endpoint, t.max_tokens, len(t.ids)) for t in turns] == [("chat", 4, 80)] * 3
+    assert turns[0].ids == tuple(kv.workloads.rendered_ids(qwen_tokenizer, turns[0].messages))
+
+
+def test_library_parameters_are_checked_like_the_flags(qwen_tokenizer):
+    check = workload_params.workload_kwargs
+    with pytest.raises(RequestError) as e:
+        check("multi_turn", {"prefix_len": 64})
+    assert str(e.value) == ("prefix_len does not apply to the multi_turn workload; it applies to "
+                            "prefix_repetition. Drop it or choose one of those workloads")
+    with pytest.raises(RequestError) as e:
+        check("multi_turn", {"output_len": 5, "max_tokens": 5})
+    assert str(e.value) == "output_len and max_tokens are the same thing; give one"
+    with pytest.raises(RequestError) as e:
+        check("shared_system_prompt", {"user_tokens": 5})
+    assert str(e.value) == ("user_tokens is not a parameter of the shared_system_prompt workload; it "
+                            "takes system_tokens, tools, question_tokens, max_tokens")
+    with pytest.raises(RequestError) as e:
+        check("fixed", {"input_len": 64, "num_requests": 3})
+    assert str(e.value) == ("num_requests is set by the load run for fixed: pass users= (how many "
+                            "sessions or requests) and seed= to the run instead")
+    with pytest.raises(RequestError) as e:
+        check(kv.workloads.multi_turn(), {"output_len": 3})
+    assert str(e.value).startswith("output_len does not apply to a kv.Workload (its requests are already made)")
+    # more tools raise the floor: the check follows the generator's own tools
+    with pytest.raises(RequestError, match=r"system_tokens 700 is below what shared_system_prompt can "
+                                           r"make: its instructions and 6 tool schemas alone are about"):
+        check("shared_system_prompt", {"system_tokens": 700, "tools": 6})
+    assert check("shared_system_prompt", {"system_tokens": 672}) == {"system_tokens": 672}
+    assert check("shared_system_prompt", {"system_tokens": 100, "tools": 0}) == {"system_tokens": 100, "tools": 0}
+    assert check("data/trace.jsonl", {"time_scale": 2.0, "turns": None}) == {"time_scale": 2.0}
+    # through generate_load: refused before any connection is tried
+    with pytest.raises(RequestError, match="^turns does not apply to the prefix_repetition workload"):
+        kv.generate_load("http://127.0.0.1:9", "prefix_repetition", concurrency=1, turns=2,
+                         tokenizer=qwen_tokenizer, progress=False)
+
+
+def test_a_server_that_lists_no_model_is_an_error_not_default_model():
+    # mutant caught: the old fallback to mlx-lm's "default_model" when the list is empty
+    import asyncio
+
+    import httpx
+
+    def run(status, body):
+        transport = httpx.MockTransport(lambda request: httpx.Response(status, content=body))
+
+        async def go():
+            async with httpx.AsyncClient(transport=transport) as http:
+                return await client.model_name(http, "http://127.0.0.1:8123")
+        return asyncio.run(go())
+
+    assert run(200, b'{"object": "list", "data": [{"id": "tiny", "object": "model"}]}') == "tiny"
+    for status, body in ((200, b""), (200, b'{"object": "list", "data": []}'), (404, b"{}")):
+        with pytest.raises(kv.errors.KvlabError) as e:
+            run(status, body)
+        assert str(e.value) == (f"http://127.0.0.1:8123/v1/models listed no model (HTTP {status}, "
+                                f"{len(body)} bytes); pass the model name the server answers to "
+                                "(--model / model=)")

@@ -153,3 +153,24 @@ def test_mlx_lru_one_token_prompts_keep_serving(start, client):
         assert r.usage.prompt_tokens == 1
     assert [x.reused_tokens for x in server.results] == [0, 0, 0]
     assert server.events.filter(pl.col("event") == "hit").height == 0
+
+
+def test_models_lists_the_served_model_and_a_load_run_uses_it(start, client, tiny):
+    """issue 22: GET /v1/models answered 200 with an empty body (mlx-lm lists the Hugging Face
+    cache after its headers), the SDK's models.list() failed and kvlab load fell back to
+    "default_model". Mutant caught: routing /v1/models back to mlx-lm (empty body: the SDK raises)."""
+    import kvlab as kv
+
+    server = start("radix")
+    listed = client(server).models.list()
+    assert [(m.id, m.object, m.owned_by) for m in listed.data] == [("tiny", "model", "kvlab")]
+    assert isinstance(listed.data[0].created, int)
+    r = kv.generate_load(server.url, "fixed", tokenizer=tiny, input_len=64, output_len=3, system_tokens=16,
+                         concurrency=1, num_requests=3, progress=False)
+    assert r.settings["model"] == "tiny"                            # no model= given: the listed id
+    # the server renders each prompt to exactly 64 tokens; max_tokens is an upper bound
+    assert r.frame["prompt_tokens"].to_list() == [64, 64, 64]
+    assert r.summary["prompt_token_mismatches"] == 0
+    assert all(1 <= n <= 3 for n in r.frame["output_tokens"].to_list())
+    # requests share exactly the system message's rendering (5 + 16) and "<|im_start|>user\n" (3)
+    assert r.frame["reused_tokens"].to_list()[1:] == [24, 24]

@@ -78,3 +78,51 @@ def test_no_library_module_imports_the_cli():
             if any(n == "kvlab.cli" or n.startswith("kvlab.cli.") for n in names):
                 offenders.append(str(rel))
     assert offenders == []
+
+
+APPLIES_TO = "Drop it or choose one of those workloads"
+
+
+@pytest.mark.parametrize("argv,message", [
+    # mutant each catches: the flag dropped from the check (the run goes on and fails to connect)
+    (["--workload", "multi_turn", "--prefix-len", "64"],
+     f"--prefix-len does not apply to the multi_turn workload; it applies to prefix_repetition. {APPLIES_TO}"),
+    (["--workload", "agentic_loop", "--suffix-len", "8"],
+     f"--suffix-len does not apply to the agentic_loop workload; it applies to prefix_repetition. {APPLIES_TO}"),
+    (["--workload", "shared_system_prompt", "--num-prefixes", "2"],
+     f"--num-prefixes does not apply to the shared_system_prompt workload; it applies to prefix_repetition. "
+     f"{APPLIES_TO}"),
+    (["--workload", "fixed", "--input-len", "64", "--turns", "2"],
+     f"--turns does not apply to the fixed workload; it applies to multi_turn, agentic_loop. {APPLIES_TO}"),
+    (["--workload", "prefix_repetition", "--system-tokens", "64"],
+     "--system-tokens does not apply to the prefix_repetition workload; it applies to multi_turn, "
+     f"agentic_loop, shared_system_prompt, fixed. {APPLIES_TO}"),
+    (["--workload", "multi_turn", "--input-len", "64"],
+     f"--input-len does not apply to the multi_turn workload; it applies to fixed. {APPLIES_TO}"),
+    (["--workload", "multi_turn", "--time-scale", "2"],
+     f"--time-scale does not apply to the multi_turn workload; it applies to a trace (.jsonl). {APPLIES_TO}"),
+    (["--workload", "prefix_repetition", "--block-tokens", "16"],
+     f"--block-tokens does not apply to the prefix_repetition workload; it applies to a trace (.jsonl). "
+     f"{APPLIES_TO}"),
+    (["--workload", "runs/trace.jsonl", "--output-len", "3"],
+     "--output-len does not apply to a trace; it applies to multi_turn, agentic_loop, "
+     f"shared_system_prompt, prefix_repetition, fixed. {APPLIES_TO}"),
+    # the floor: below it every value gave the same 716-728-token prompt (issue 22)
+    (["--workload", "shared_system_prompt", "--system-tokens", "150"],
+     "--system-tokens 150 is below what shared_system_prompt can make: its instructions and 4 tool "
+     "schemas alone are about 672 tokens, so every smaller value gives the same system prompt. Pass "
+     "--system-tokens >= 672, or use the fixed workload for a system prompt of exactly any length"),
+    (["--workload", "agentic_loop", "--system-tokens", "32"],
+     "--system-tokens 32 is below what agentic_loop can make: its instructions and 4 tool "
+     "schemas alone are about 674 tokens, so every smaller value gives the same system prompt. Pass "
+     "--system-tokens >= 674, or use the fixed workload for a system prompt of exactly any length"),
+    (["--workload", "fixed", "--output-len", "4"],
+     "the fixed workload needs --input-len: the prompt's tokens as the chat template renders them"),
+])
+def test_loadgen_refuses_flags_its_workload_ignores(argv, message, capsys):
+    """Every workload flag applies to the chosen workload or is refused before anything is sent
+    (issue 22: `multi_turn --output-len 5` generated 128 tokens, --prefix-len did nothing)."""
+    code = main(["loadgen", "http://127.0.0.1:9", "--concurrency", "1", "--num-requests", "1",
+                 "--no-progress", *argv])
+    assert code == 2
+    assert capsys.readouterr().err == f"kvlab: error: {message}\n"

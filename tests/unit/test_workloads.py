@@ -27,9 +27,11 @@ def qwen():
 
 
 @pytest.mark.parametrize("name", sorted(GENERATORS))
-def test_same_arguments_give_identical_requests(name):
+def test_same_arguments_give_identical_requests(name, qwen_tokenizer):
+    # fixed counts rendered tokens, so it needs a tokenizer and a length
+    kw = dict(tokenizer=qwen_tokenizer, input_len=48) if name == "fixed" else {}
     gen = GENERATORS[name]
-    a, b, other = gen(seed=3), gen(seed=3), gen(seed=4)
+    a, b, other = gen(seed=3, **kw), gen(seed=3, **kw), gen(seed=4, **kw)
     assert a == b and a.digest() == b.digest()
     assert [r.digest() for r in a] == [r.digest() for r in b]
     assert a != other
@@ -228,6 +230,11 @@ RECORDED = [
     ("branching", {}, "8e5f35b4ba136cdbf4954eaf8967d1c3c40be0fc6c043e9895a63386c663e8af"),
     ("branching", dict(turns=4, seed=2, system_tokens=100, user_tokens=10, reply_tokens=50, max_tokens=8),
      "c51360524efb9c73fb0a35c194ee0dedce008a9fcb77f68b4732089c64490d96"),
+    # fixed: recorded when it was added (issue 22)
+    ("fixed", dict(tokenizer="qwen", input_len=64),
+     "2da707c9520c217062505beb9c2c271d78f34087d164f1e344e58a4a74910b25"),
+    ("fixed", dict(num_requests=5, seed=3, tokenizer="qwen", input_len=200, output_len=16, system_tokens=32),
+     "9de2b62f0cf45fac1652363a2faab68cfea58c0ea6dcf98a919d472d254f018f"),
     ("multimodal_mix", {}, "8d78420ecbd295358aa622f313a15c8e8a77c46ec8750380f32ebe0cef6f9469"),
     ("multimodal_mix", dict(num_requests=9, seed=4, image_every=3, image_size=(24, 40),
                             system_tokens=100, same_text=False),
