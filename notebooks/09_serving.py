@@ -242,7 +242,7 @@ detail
 vlm = kv.load_vlm("tiny")
 with peers.start_mlx_lm(vlm.path) as srv:
     vlm_text = kv.generate_load(srv.url, "shared_system_prompt", concurrency=4, num_requests=8, max_tokens=8,
-                            system_tokens=120, progress=False)
+                            system_tokens=672, progress=False)
     client = openai.OpenAI(base_url=srv.url + "/v1", api_key="kvlab", max_retries=0)
     pixel = ("data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQ"
              "DwAEhQGAhKmMIQAAAABJRU5ErkJggg==")
