@@ -34,6 +34,7 @@ _LAZY = {
     "volatile_fields": "primitives.volatile", "VolatileField": "primitives.volatile",
     "normalise": "primitives.normalisation", "normalise_text": "primitives.normalisation",
     "Rule": "primitives.normalisation", "DEFAULT_RULES": "primitives.normalisation",
+    "dominant_miss": "diagnostics.dominant", "DominantMiss": "diagnostics.dominant",
     "kv_format": "primitives.kv_format",
     "Engine": "engine", "Result": "result", "PrefixCache": "reuse", "hit_rates": "result",
     "RadixStore": "stores", "PagedStore": "stores", "SystemPromptStore": "stores",

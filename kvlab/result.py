@@ -80,7 +80,9 @@ class Result:
     def _repr_html_(self) -> str:
         bar = int(300 * self.reuse_ratio)
         missed = ", ".join(f"{k} {n}" for k, n in self.miss_reasons.items() if n)
-        lines = [self.why, f"missed: {missed}" if missed else "",
+        diverged = (f"diverged from what is cached at token {self.diverged_at}"
+                    if self.diverged_at is not None and self.miss_reasons.get("diverged") else "")
+        lines = [self.why, f"missed: {missed}" if missed else "", diverged,
                  f"re-tokenisation drift at token {self.drift_index}" if self.drift_index is not None else ""]
         body = Html(f'<div style="width:300px;height:8px;background:#eee"><div style="width:{bar}px;'
                     f'height:8px;background:#2a7"></div></div>'

@@ -43,7 +43,8 @@ the providers' "missed"; ``missed_tokens``: current-prompt tokens to prefill aga
 room for it: a server that wants kvlab's detail then puts ``extension(...)`` beside it.
 
 Pieces: ``shape_of`` (request body -> ``PromptShape``), ``compare`` -> ``Comparison``,
-``token_detail`` -> ``TokenDetail``, the provider objects (``anthropic_diagnostics``,
+``token_detail`` -> ``TokenDetail``, ``dominant_miss`` -> ``DominantMiss`` (a whole run's
+main divergence, its volatile field and the rule that fixes it), the provider objects (``anthropic_diagnostics``,
 ``openai_prompt_cache_diagnostics`` and their not-found / unavailable forms), the request
 readers (``anthropic_request``, ``openai_request``), ``FingerprintLog`` and ``diagnose``.
 
@@ -62,6 +63,7 @@ Example:
 
 from .compare import TYPES, Comparison, ToolsChange, compare, tools_change
 from .detail import TokenDetail, token_detail
+from .dominant import DominantMiss, dominant_miss, request_why
 from .diagnose import PROVIDERS, answer, diagnose, extension, not_found
 from .log import Entry, FingerprintLog
 from .provider import (ANTHROPIC_BETA, ANTHROPIC_TYPES, OPENAI_REASONS, OPENAI_TYPES, anthropic_diagnostics,
@@ -70,9 +72,10 @@ from .provider import (ANTHROPIC_BETA, ANTHROPIC_TYPES, OPENAI_REASONS, OPENAI_T
                        openai_unavailable)
 from .shape import APIS, Message, PromptShape, ToolDef, canonical_json, shape_of
 
-__all__ = ["ANTHROPIC_BETA", "ANTHROPIC_TYPES", "APIS", "Comparison", "Entry", "FingerprintLog", "Message",
+__all__ = ["ANTHROPIC_BETA", "ANTHROPIC_TYPES", "APIS", "Comparison", "DominantMiss", "Entry", "FingerprintLog", "Message",
            "OPENAI_REASONS", "OPENAI_TYPES", "PROVIDERS", "PromptShape", "TYPES", "TokenDetail", "ToolDef",
            "ToolsChange", "answer", "anthropic_diagnostics", "anthropic_not_found", "anthropic_request",
-           "anthropic_type", "anthropic_unavailable", "canonical_json", "compare", "diagnose", "extension",
+           "anthropic_type", "anthropic_unavailable", "canonical_json", "compare", "diagnose", "dominant_miss",
+           "extension",
            "not_found", "openai_not_found", "openai_prompt_cache_diagnostics", "openai_reason", "openai_request",
-           "openai_unavailable", "shape_of", "token_detail", "tools_change"]
+           "openai_unavailable", "request_why", "shape_of", "token_detail", "tools_change"]

@@ -60,6 +60,7 @@ def load(state, args, cell, local_ns):
 def run(state, args, cell, local_ns):
     import polars as pl
 
+    from ..diagnostics.dominant import dominant_miss, request_why
     from ..primitives.normalisation import normalise
 
     state.need_model()
@@ -69,17 +70,21 @@ def run(state, args, cell, local_ns):
     else:
         engine = state.need_engine()
     max_tokens = state.max_tokens(args)
-    rows = []
+    rows, results, prompts = [], [], []
     for i, request in enumerate(requests):
         label = getattr(request, "name", "") or f"request-{i + 1}"
         if args.normalise:
             request = normalised(request, normalise)
         r = engine.run(request, max_tokens)
+        results.append(r)
+        prompts.append(engine.tokens_of(request)[0])
         rows.append({"request": r.request_id, "name": label, "prompt_tokens": r.prompt_tokens,
                      "reused_tokens": r.reused_tokens, "prefilled_tokens": r.prefilled_tokens,
                      "reuse_ratio": round(r.reuse_ratio, 4), "match": r.match,
-                     "ttft_ms": round(r.ttft_s * 1e3, 2), "missed": reasons_text(r.miss_reasons)})
-    return RunView(name, pl.DataFrame(rows), engine.stats(), engine)
+                     "ttft_ms": round(r.ttft_s * 1e3, 2), "missed": reasons_text(r.miss_reasons),
+                     "why": request_why(r)})
+    # this run's requests only: an engine reused across runs keeps earlier results
+    return RunView(name, pl.DataFrame(rows), engine.stats(), engine, dominant_miss(results, prompts))
 
 
 def chat(state, args, cell, local_ns):

@@ -74,19 +74,25 @@ def _reasons_line(stats: dict) -> str:
 
 @dataclass(eq=False, repr=False)
 class RunView(_View):
-    """``%kvlab run``: one row per request (``.frame``) and the engine's stats afterwards."""
+    """``%kvlab run``: one row per request (``.frame``), the engine's stats afterwards and
+    ``.dominant_miss`` (``kvlab.diagnostics.DominantMiss``: where most missed tokens diverged, the
+    volatile field there and the rule that fixes it; None when no place holds most of them)."""
 
     workload: str
     frame: Any
     stats: dict
     engine: Any
+    dominant_miss: Any = None
+
+    def _why(self) -> list[str]:
+        return [] if self.dominant_miss is None else [f"why: {self.dominant_miss.sentence()}"]
 
     def short(self) -> str:
         return f"RunView({self.workload}: {self.frame.height} requests)"
 
     def text(self) -> str:
         return (f"kvlab run {self.workload} on {self.engine!r}\n{_table_text(self.frame)}\n"
-                f"{_stats_line(self.stats)}\n{_reasons_line(self.stats)}")
+                + "\n".join([_stats_line(self.stats), _reasons_line(self.stats), *self._why()]))
 
     def _repr_html_(self) -> str:
         rows = [(r["name"], f"{r['reused_tokens']}/{r['prompt_tokens']}", Html(
@@ -97,7 +103,8 @@ class RunView(_View):
         table = table_html(("request", "reused", "", "match", "TTFT", "missed (why)"), rows)
         lines = "".join(f"<div>{html.escape(line)}</div>"
                         for line in (_stats_line(self.stats), _reasons_line(self.stats)))
-        return summary_html("kvlab run", self.workload, _code(self.engine), body=table + lines)
+        why = "" if self.dominant_miss is None else self.dominant_miss._repr_html_()
+        return summary_html("kvlab run", self.workload, _code(self.engine), body=table + lines + why)
 
 
 @dataclass(eq=False, repr=False)

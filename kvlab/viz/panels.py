@@ -13,6 +13,7 @@ import html
 
 import plotly.graph_objects as go
 
+from ..diagnostics.dominant import request_why
 from .misses import miss_reasons
 
 COMPONENT_LABELS = {"full": "full KV", "window": "window KV", "recurrent": "recurrent state"}
@@ -45,9 +46,10 @@ def sync(fw: go.FigureWidget, fig: go.Figure, width: int | None = None) -> None:
 
 
 def table_rows(results) -> list[list]:
-    """One row per engine Result, in TABLE_COLUMNS order."""
+    """One row per engine Result, in TABLE_COLUMNS order; "why" is the request's main miss reason
+    and, for a divergence, its token (``kvlab.diagnostics.request_why``), then the engine's note."""
     return [[r.request_id, r.match, f"{r.reused_tokens} / {r.prompt_tokens}", f"{r.reuse_ratio:.0%}",
-             round(r.ttft_s * 1e3, 1), round(r.prefill_s * 1e3, 1), r.evictions, r.why or ""]
+             round(r.ttft_s * 1e3, 1), round(r.prefill_s * 1e3, 1), r.evictions, request_why(r)]
             for r in results]
 
 

@@ -340,3 +340,23 @@ def test_run_and_stats_show_why_tokens_missed(shell, tiny):
         assert f"<th style='text-align:left'>{k}</th><td>{v}</td>" in html
     magic(shell, "load m")
     assert "missed tokens by reason: none" in fmt(shell, magic(shell, "stats"))[0]
+
+
+def test_run_names_the_dominant_miss_and_its_fix(shell):
+    # the same run as tests/integration/test_dominant_miss.py: agentic_loop on tiny, paged store
+    view = magic(shell, "run agentic_loop --store paged --turns 3 --max-tokens 2")
+    d = view.dominant_miss
+    assert (d.token_index, d.field, d.rule, d.tokens, d.missed) == (34, "cch", "billing_header", 2192, 3079)
+    text, html = fmt(shell, view)
+    # mutant: RunView.text without the why line (the magic's output never names the cause)
+    assert ("why: 2,192 of 3,079 missed tokens (71.2%) diverge at token 34 in message 0 (system), so each "
+            "reused at most 32: the volatile field cch= changes per request ('debcc' -> 'd6cbe'). Fix: rule "
+            "billing_header: %kvlab run ... --normalise") in text
+    assert "Dominant miss" in html and "--normalise" in html
+    assert view.frame["why"].to_list() == ["first_seen 864; no blocks cached yet", "diverged 1008 at token 34",
+                                           "diverged 1184 at token 35"]
+    fixed = magic(shell, "run agentic_loop --store paged --turns 3 --max-tokens 2 --normalise")
+    text, _ = fmt(shell, fixed)
+    assert fixed.dominant_miss is None and "why:" not in text
+    assert (fixed.stats["reused_tokens"], fixed.stats["prompt_tokens"]) == (1840, 3034)
+    magic(shell, "load m")
