@@ -31,7 +31,7 @@ from IPython.display import Markdown
 model = "tiny"            # "smollm2": the embedded SmolLM2-135M-Instruct
 max_tokens = 8            # tokens generated per request
 system_tokens = 400       # size of the shared system prompt's prose (plus 4 tool schemas: ~600 tokens)
-results_path = "results.parquet"
+results_path = None              # None: a fresh runs/<notebook>-<timestamp>/results.parquet
 
 # %% [markdown]
 # ## 1 · Load a model
@@ -154,10 +154,10 @@ results = pl.DataFrame({
     "ttft_cold_ms": [cold.ttft_s * 1e3],
     "ttft_speedup": [speedup],   # cold / cached time to first token, as measured on this run
 })
-kv.runner.save_results(results, results_path)
+results = kv.runner.save_results(results, results_path, "00_quickstart")
 
 # %% [markdown]
-# ## Finding
+# ## Findings
 
 # %%
 r = results.row(0, named=True)

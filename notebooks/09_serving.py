@@ -53,7 +53,7 @@ max_tokens = 32                # tokens each reply generates
 users = 4                      # seed 001: users chatting at once
 turns = 3
 audited = ["kvlab serve radix", "mlx_lm.server", "vllm-mlx batched", "vllm-mlx paged"]  # []: no peers
-results_path = "results.parquet"
+results_path = None              # None: a fresh runs/<notebook>-<timestamp>/results.parquet
 
 # %%
 m = kv.load(model)
@@ -277,10 +277,10 @@ results = pl.concat(
      pl.DataFrame([{"section": "seed000", "server": "mlx_lm.server", "completed": vlm_text.summary["completed"],
                     "image_supported": image_answer is None, "image_answer": image_answer}])],
     how="diagonal_relaxed").with_columns(pl.lit(m.name).alias("model"))
-kv.runner.save_results(results, results_path)
+results = kv.runner.save_results(results, results_path, "09_serving")
 
 # %% [markdown]
-# ## Finding
+# ## Findings
 
 # %%
 shared = results.filter((pl.col("section") == "stores") & (pl.col("workload") == "shared_system_prompt"))

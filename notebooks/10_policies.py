@@ -35,7 +35,7 @@ head = 1500                       # replay the first N requests of the trace (0:
 capacity_points = 6               # capacities from 8 blocks to every distinct block, log-spaced
 workload_prompts = 120            # prefix_repetition prompts for the workload sweep
 reason_policies = ["lru", "arc"]  # policies whose misses are broken down by reason
-results_path = "results.parquet"
+results_path = None              # None: a fresh runs/<notebook>-<timestamp>/results.parquet
 
 # %%
 from pathlib import Path
@@ -262,10 +262,10 @@ pl.DataFrame(budget_rows)
 # %%
 results = pl.DataFrame(rows, schema={"experiment": pl.Utf8, "source": pl.Utf8, "policy": pl.Utf8,
                                      "capacity_tokens": pl.Int64, "metric": pl.Utf8, "value": pl.Float64})
-kv.runner.save_results(results, results_path)
+results = kv.runner.save_results(results, results_path, "10_policies")
 
 # %% [markdown]
-# ## Finding
+# ## Findings
 
 # %%
 def wide(experiment):

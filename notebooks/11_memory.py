@@ -70,7 +70,7 @@ quant_eval_tokens = 32
 reuse_prefix = 64              # cached prefix of the reuse-under-quantization experiment
 reuse_bits = [4, 8]
 reuse_group_size = 64
-results_path = "results.parquet"
+results_path = None              # None: a fresh runs/<notebook>-<timestamp>/results.parquet
 
 # %% [markdown]
 # ## 1 · Quantized KV caches
@@ -292,10 +292,10 @@ results = pl.concat([results, qsweep.with_columns(pl.lit("quant_sweep").alias("s
                     how="diagonal_relaxed")
 if not disk_path:
     shutil.rmtree(folder, ignore_errors=True)
-kv.runner.save_results(results, results_path)
+results = kv.runner.save_results(results, results_path, "11_memory")
 
 # %% [markdown]
-# ## Finding
+# ## Findings
 
 # %%
 qrows = (results.filter(pl.col("section") == "quant_sweep").group_by("kv_format", "bits", "group_size")
