@@ -162,10 +162,10 @@ for (b, a_abs, a_kl), (_, q_abs, q_kl) in zip(added.rows(), quant.rows()):
     line = (f"- **{b}-bit**: quantization itself moves the last logits by up to {q_abs:.3f} (KL {q_kl:.2e} nats); "
             f"reuse adds up to {a_abs:.3f} (KL {a_kl:.2e} nats) on top")
     if a_abs > q_abs:
-        line += (f", {a_abs / q_abs:.2f}x quantization's own error. Not a bug: cold, mlx-lm computes the suffix "
-                 "against float KV and quantizes afterwards, so the cold run's error comes from the prefix alone; "
-                 "on a hit every suffix token attends to the quantized prefix, and those errors compound through "
-                 "the suffix's layers")
+        line += (f", {a_abs / q_abs:.2f}x quantization's own error. Not a bug: the cold run computes the suffix "
+                 "against float KV and quantizes afterwards, while a hit computes every suffix token against the "
+                 "quantized prefix, a different perturbation that compounds through the layers, so reuse's error "
+                 "is not bounded by the cold run's")
     lines.append(line + ".")
 Markdown("\n".join(lines))
 
@@ -343,7 +343,7 @@ cross = results.filter(pl.col("section") == "crossover").sort("prefix_tokens")
 wins = cross.filter(pl.col("disk_load") < pl.col("recompute"))["prefix_tokens"].to_list()
 disk_sentence = ("; ".join(f"at {r['prefix_tokens']:,} tokens ({r['bytes'] / 2**20:.2f} MiB of KV) restoring from RAM "
                            f"took {r['ram_restore'] * 1e3:.2f} ms, loading from disk {r['disk_load'] * 1e3:.2f} ms and "
-                           f"recomputing {r['recompute'] * 1e3:.2f} ms" for r in cross.iter_rows(named=True))
+                           f"recomputing {r['recompute'] * 1e3:,.2f} ms" for r in cross.iter_rows(named=True))
                  + ". " + (f"The disk beats recompute at {', '.join(f'{w:,}' for w in wins)} tokens (measured on this machine)."
                            if wins else f"The disk never beats recompute up to {cross['prefix_tokens'].max():,} tokens "
                                         f"on {m.name} (a small model recomputes fast; measured on this machine)."))

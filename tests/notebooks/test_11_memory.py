@@ -111,7 +111,7 @@ def test_11_memory(tmp_path):
     assert f"held-out error is {fit['mape_holdout']:.1%}" in text
     # bytes against error, per format, with units (mutant: bytes or KL without units, or the
     # float32 size in place of the quantized one)
-    assert "(float32: 23,040 B per token)" in text
+    assert f"(float32: {30 * 3 * 2 * 64 * 4:,} B per token)" in text  # 46,080
     q4 = sweep.filter(pl.col("kv_format") == "q4g64").row(0, named=True)
     assert f"4-bit, group 64: {q4['bytes_per_token']:,.0f} B per token" in text
     assert f"mean KL {sweep.filter(pl.col('kv_format') == 'q4g64')['kl_mean'].mean():.1e} nats" in text
