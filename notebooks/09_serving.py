@@ -145,7 +145,7 @@ together = [sum(1 for a, b in zip(decoding["first"], decoding["last"]) if a <= s
 print(f"{chat.frame.height} requests from {users} users; up to {max(together, default=0)} requests decoded "
       f"in one batch step; {sum(t > 1 for t in together)} steps had more than one")
 # bar height and bar text are the same metric (reuse); the TTFT is in the hover
-go.Figure(go.Bar(x=per_turn["turn"], y=per_turn["reuse"], text=[f"{r:.0%}" for r in per_turn["reuse"]],
+go.Figure(go.Bar(x=per_turn["turn"].to_list(), y=per_turn["reuse"].to_list(), text=[f"{r:.0%}" for r in per_turn["reuse"]],
                  customdata=per_turn["ttft_ms_p50"], name="reuse",
                  hovertemplate="turn %{x}: %{y:.0%} of the prompt reused, TTFT p50 %{customdata:.1f} ms<extra></extra>")
           ).update_layout(title=f"seed 001: reuse per turn, {users} users at once",
