@@ -380,7 +380,7 @@ def test_policies_notebook_ends_in_findings_with_the_optimum_distinct(lab, tmp_p
             page.on("pageerror", lambda e: errors.append(f"pageerror: {e}"))
             _open_and_run_all(page, base, token, "10_policies.ipynb")
             try:
-                page.wait_for_function(f"() => ({FINDINGS_JS})().findings.length > 0", timeout=300_000)
+                page.wait_for_function(f"() => ({FINDINGS_JS})().findings.length > 0", timeout=180_000)
                 page.wait_for_function(f"() => ({POLICY_CEILING_JS})().length >= 2", timeout=60_000)
             except Exception as e:
                 page.screenshot(path=str(ARTIFACTS / "policies-failed.png"), full_page=True)
