@@ -31,7 +31,7 @@ from IPython.display import Markdown
 model = "tiny"            # "smollm2": the embedded SmolLM2-135M-Instruct
 max_tokens = 8            # tokens generated per request
 system_tokens = 400       # size of the shared system prompt's prose (plus 4 tool schemas: ~600 tokens)
-results_path = "results.parquet"
+results_path = None              # None: a fresh runs/<notebook>-<timestamp>/results.parquet
 
 # %% [markdown]
 # ## 1 · Load a model
@@ -154,10 +154,10 @@ results = pl.DataFrame({
     "ttft_cold_ms": [cold.ttft_s * 1e3],
     "ttft_speedup": [speedup],   # cold / cached time to first token, as measured on this run
 })
-kv.runner.save_results(results, results_path)
+results = kv.runner.save_results(results, results_path, "00_quickstart")
 
 # %% [markdown]
-# ## Finding
+# ## Findings
 
 # %%
 r = results.row(0, named=True)
@@ -167,4 +167,12 @@ finding = (f"On {r['model']}, a request sharing a {r['system_prefix_tokens']}-to
            f"({r['cold_prefilled_tokens'] / max(1, r['second_prefilled_tokens']):.0f}x fewer), its logits within "
            f"{r['second_verify_diff']:.1e} of a cold prefill; its time to first token was "
            f"{r['ttft_second_ms']:.1f} ms against {r['ttft_cold_ms']:.1f} ms cold ({r['ttft_speedup']:.1f}x).")
+finding += (  # the run at a glance, one row per quantity, in place of the results table's 16 columns
+    "\n\n| this run | value |\n|---|---|\n"
+    f"| prompt tokens (first request) | {r['prompt_tokens']:,} |\n"
+    f"| system prefix split cleanly | {'yes' if r['split_clean'] else 'no'} ({r['system_prefix_tokens']:,} tokens) |\n"
+    f"| snapshot of the prefix | {r['snapshot_bytes'] / 2**10:,.1f} KiB |\n"
+    f"| restored vs cold logits, max abs diff | {r['restore_max_logit_diff']:.1e} |\n"
+    f"| second request: reused / prompt tokens | {r['second_reused_tokens']:,} / {r['second_prompt_tokens']:,} |\n"
+    f"| TTFT first / second / cold | {r['ttft_first_ms']:.1f} / {r['ttft_second_ms']:.1f} / {r['ttft_cold_ms']:.1f} ms |")
 Markdown(finding)

@@ -36,7 +36,7 @@ max_tokens = 16           # tokens generated per turn (the answer fed back into 
 seed = 0
 system_tokens = 64
 user_tokens = 40
-results_path = "results.parquet"
+results_path = None              # None: a fresh runs/<notebook>-<timestamp>/results.parquet
 
 # %%
 m = kv.load(model)
@@ -111,10 +111,10 @@ results = pl.concat([turns_frame, pl.DataFrame([repeat])], how="diagonal_relaxed
     pl.lit(m.name).alias("model"))
 print(results.group_by("keying", "scenario", maintain_order=True).agg(
     pl.col("reused_tokens").sum(), pl.col("prompt_tokens").sum(), pl.col("ttft_ms").median()))
-kv.runner.save_results(results, results_path)
+results = kv.runner.save_results(results, results_path, "01_multi_turn")
 
 # %% [markdown]
-# ## Finding
+# ## Findings
 
 # %%
 later = results.filter((pl.col("scenario") == "turn") & (pl.col("turn") > 1))

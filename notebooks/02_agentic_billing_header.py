@@ -39,7 +39,7 @@ result_tokens = 60
 max_tokens = 8
 seed = 0
 stores = ["radix", "mlx-lru"]
-results_path = "results.parquet"
+results_path = None              # None: a fresh runs/<notebook>-<timestamp>/results.parquet
 
 # %%
 m = kv.load(model)
@@ -120,10 +120,10 @@ summary
 # %%
 results = replay.with_columns(pl.lit(m.name).alias("model"),
                               pl.lit(d_raw.token_index).alias("first_divergence_raw"))
-kv.runner.save_results(results, results_path)
+results = kv.runner.save_results(results, results_path, "02_agentic_billing_header")
 
 # %% [markdown]
-# ## Finding
+# ## Findings
 
 # %%
 later = results.filter(pl.col("step") > 1)

@@ -38,7 +38,7 @@ max_tokens = 8
 block_size = 16
 seed = 0
 stores = ["none", "system", "radix", "paged"]
-results_path = "results.parquet"
+results_path = None              # None: a fresh runs/<notebook>-<timestamp>/results.parquet
 
 # %%
 m = kv.load(model)
@@ -104,10 +104,10 @@ fig
 
 # %%
 results = replay.with_columns(pl.lit(m.name).alias("model"))
-kv.runner.save_results(results, results_path)
+results = kv.runner.save_results(results, results_path, "03_system_prompt_cache")
 
 # %% [markdown]
-# ## Finding
+# ## Findings
 
 # %%
 later = results.filter(pl.col("request").str.starts_with("user-") & (pl.col("index") > 1))

@@ -49,7 +49,7 @@ sim_prefix_len = 512      # kv.simulate always runs at the seed's sizes (it is m
 sim_suffix_len = 128
 sim_num_prompts = 50
 sim_passes = 2
-results_path = "results.parquet"
+results_path = None              # None: a fresh runs/<notebook>-<timestamp>/results.parquet
 
 # %% [markdown]
 # ## 1 · The seed's hit counts, simulated
@@ -137,10 +137,10 @@ def sim_rows(frame, source):
 results = pl.concat([engine_runs.with_columns(pl.col("requests_hit").cast(pl.Int64)),
                      sim_rows(sim_run, "simulate_run"), sim_rows(sim_seed, "simulate_seed")],
                     how="diagonal_relaxed").with_columns(pl.lit(m.name).alias("model"))
-kv.runner.save_results(results, results_path)
+results = kv.runner.save_results(results, results_path, "04_paged_prefix_repetition")
 
 # %% [markdown]
-# ## Finding
+# ## Findings
 
 # %%
 seed_hits = results.filter(pl.col("source") == "simulate_seed").sort("pass")

@@ -51,7 +51,7 @@ max_tokens = 4            # tokens generated per request
 tolerance = None          # max |logit difference| that still counts as "same as cold"; None: kvlab's
                           # table for the model's dtype (kvlab.primitives.tolerance: 1e-4 in float32)
 seed = 0
-results_path = "results.parquet"
+results_path = None              # None: a fresh runs/<notebook>-<timestamp>/results.parquet
 
 # %%
 vlm = kv.load_vlm(model)
@@ -234,11 +234,10 @@ summary = (results.group_by("experiment", "store", "keys", maintain_order=True)
 summary
 
 # %%
-kv.runner.save_results(results, results_path)
-print(f"{results.height} rows -> {results_path}")
+results = kv.runner.save_results(results, results_path, "05_multimodal")
 
 # %% [markdown]
-# ## Finding
+# ## Findings
 
 # %%
 images = results.filter(pl.col("experiment") == "different images")

@@ -32,7 +32,7 @@ trace = "synthetic_trace.jsonl"   # a file name found by kv.traces.locate, or a 
 policies = ["lru", "fifo", "lfu"]
 capacity_points = 10              # capacities from 8 blocks to every distinct block, log-spaced
 head = 0                          # replay only the first N requests (0: all)
-results_path = "results.parquet"
+results_path = None              # None: a fresh runs/<notebook>-<timestamp>/results.parquet
 
 # %%
 from pathlib import Path
@@ -73,10 +73,10 @@ results = pl.concat(
                      "prompt_tokens": [s["prompt_tokens"]], "policy": ["infinite"]},
                     schema_overrides={"capacity_tokens": pl.Int64})],
     how="diagonal_relaxed").with_columns(pl.lit(path.name).alias("trace"), pl.lit(len(t)).alias("requests"))
-kv.runner.save_results(results, results_path)
+results = kv.runner.save_results(results, results_path, "06_trace_replay")
 
 # %% [markdown]
-# ## Finding
+# ## Findings
 
 # %%
 inf = results.filter(pl.col("policy") == "infinite").row(0, named=True)

@@ -40,7 +40,7 @@ hybrid_model = "tiny-hybrid"
 prompt_tokens = 64        # stays inside one 256-token buffer step, where the aliasing shows
 trim_tokens = 8
 seed = 0
-results_path = "results.parquet"
+results_path = None              # None: a fresh runs/<notebook>-<timestamp>/results.parquet
 
 # %%
 m = kv.load(model)
@@ -143,10 +143,10 @@ for approach, checkpoints in (("naive", False), ("kvlab", True)):
 
 # %%
 results = pl.DataFrame(rows).with_columns(pl.lit(m.name).alias("model"))
-kv.runner.save_results(results, results_path)
+results = kv.runner.save_results(results, results_path, "07_snapshot_pitfalls")
 
 # %% [markdown]
-# ## Finding
+# ## Findings
 
 # %%
 v = {(r["pitfall"], r["approach"], r["metric"]): r["value"] for r in results.iter_rows(named=True)}

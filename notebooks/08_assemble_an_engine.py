@@ -46,7 +46,7 @@ system_tokens = 200
 block_size = 16           # vLLM's default
 tolerance = 1e-5          # max |logit difference| that counts as "the same logits" (float32)
 seed = 0
-results_path = "results.parquet"
+results_path = None              # None: a fresh runs/<notebook>-<timestamp>/results.parquet
 
 # %% [markdown]
 # ## The workload
@@ -175,10 +175,10 @@ distinct = {id(s): s for s in snapshots.values()}
 print(f"{len(snapshots)} block hashes -> {len(distinct)} snapshots, "
       f"{fmt_bytes(sum(s.nbytes for s in distinct.values()))}; "
       f"the PagedStore holds {engine.store.entries} blocks, {fmt_bytes(engine.store.nbytes)}")
-kv.runner.save_results(results, results_path)
+results = kv.runner.save_results(results, results_path, "08_assemble_an_engine")
 
 # %% [markdown]
-# ## Finding
+# ## Findings
 
 # %%
 finding = (f"The prefix cache assembled from the primitives reused {results['reused_tokens'].sum()} of "

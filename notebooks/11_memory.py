@@ -42,7 +42,7 @@ from pathlib import Path
 import plotly.graph_objects as go
 import polars as pl
 from kvlab.quantization import SAMPLE_TEXTS
-from IPython.display import Markdown
+from IPython.display import Markdown, display
 
 # %% tags=["parameters"]
 model = "tiny"                 # "smollm2": the embedded SmolLM2-135M-Instruct
@@ -70,7 +70,7 @@ quant_eval_tokens = 32
 reuse_prefix = 64              # cached prefix of the reuse-under-quantization experiment
 reuse_bits = [4, 8]
 reuse_group_size = 64
-results_path = "results.parquet"
+results_path = None              # None: a fresh runs/<notebook>-<timestamp>/results.parquet
 
 # %% [markdown]
 # ## 1 · Quantized KV caches
@@ -107,8 +107,8 @@ qsummary
 print(qsweep.select("kv_format", "bytes_per_token", "formula_bytes_per_token", "bytes_ratio").unique().sort("bytes_ratio"))
 
 # %% [markdown]
-# KL divergence against bytes per token, one curve per group size (log scale: each bit halves
-# the error roughly; a smaller group size spends bytes on scales to buy accuracy):
+# KL divergence against bytes per token, one curve per group size (log scale); the caption under
+# the figure measures how fast the error falls per bit on this run.
 
 # %%
 qfig = go.Figure(layout={"title": f"KV quantization on {qm.name}: KL vs bytes per token",
@@ -120,7 +120,28 @@ for g in sorted(q["group_size"].unique()):
     qfig.add_scatter(x=part["bytes_per_token"], y=part["kl_mean"], mode="lines+markers+text",
                      text=[f"{b}-bit" for b in part["bits"]], textposition="top center",
                      name=f"group size {g}")
-qfig
+
+
+def per_bit(part):
+    """KL's factor per added bit between consecutive bit widths: (KL_lo / KL_hi) ** (1 / bits)."""
+    rows = part.sort("bits").select("bits", "kl_mean").rows()
+    return [(lo, hi, (a / b) ** (1 / (hi - lo))) for (lo, a), (hi, b) in zip(rows, rows[1:]) if a > 0 and b > 0]
+
+
+factors = {g: per_bit(q.filter(pl.col("group_size") == g)) for g in sorted(q["group_size"].unique())}
+every = [f for fs in factors.values() for _, _, f in fs]
+caption = (f"Each added bit divides the mean KL by {min(every):.1f}x to {max(every):.1f}x on this run "
+           + "(" + "; ".join(f"group size {g}: " + ", ".join(f"{lo}->{hi} bits {f:.1f}x per bit" for lo, hi, f in fs)
+                             for g, fs in factors.items()) + "). "
+           if every else "Too few bit widths to measure the error's fall per bit. ")
+if q["group_size"].n_unique() > 1 and q["bits"].n_unique() > 0:
+    b0 = q["bits"].max()
+    at = q.filter(pl.col("bits") == b0).sort("group_size")
+    small, large = at.row(0, named=True), at.row(-1, named=True)
+    caption += (f"At {b0} bits, group size {small['group_size']} costs {small['bytes_per_token'] - large['bytes_per_token']:,.0f} "
+                f"more bytes per token than {large['group_size']} (scales and biases) for a mean KL of "
+                f"{small['kl_mean']:.1e} against {large['kl_mean']:.1e}.")
+display(qfig, Markdown(caption))
 
 # %% [markdown]
 # ### Reuse under quantization
@@ -136,9 +157,17 @@ reuse
 # %%
 added = reuse.filter(pl.col("case") == "quantized reuse").select("bits", "max_abs_vs_quantized_cold", "kl_vs_quantized_cold")
 quant = reuse.filter(pl.col("case") == "quantized cold").select("bits", "max_abs_vs_float", "kl_vs_float")
+lines = []
 for (b, a_abs, a_kl), (_, q_abs, q_kl) in zip(added.rows(), quant.rows()):
-    print(f"{b}-bit: quantization itself max|Δlogit| {q_abs:.3f} (KL {q_kl:.2e}); "
-          f"reuse adds max|Δlogit| {a_abs:.3f} (KL {a_kl:.2e})")
+    line = (f"- **{b}-bit**: quantization itself moves the last logits by up to {q_abs:.3f} (KL {q_kl:.2e} nats); "
+            f"reuse adds up to {a_abs:.3f} (KL {a_kl:.2e} nats) on top")
+    if a_abs > q_abs:
+        line += (f", {a_abs / q_abs:.2f}x quantization's own error. Not a bug: the cold run computes the suffix "
+                 "against float KV and quantizes afterwards, while a hit computes every suffix token against the "
+                 "quantized prefix, a different perturbation that compounds through the layers, so reuse's error "
+                 "is not bounded by the cold run's")
+    lines.append(line + ".")
+Markdown("\n".join(lines))
 
 # %% [markdown]
 # ## 2 · Tiers: RAM in front of disk
@@ -248,8 +277,11 @@ sweep
 
 # %%
 labels = ["unbounded" if c is None else f"{c:,}" for c in sweep["capacity_tokens"].to_list()]
+# bar height and bar text are the same metric; the hit rate is in the hover
 fig = go.Figure([go.Bar(x=labels, y=sweep["est_ttft_saved_s"], name="TTFT saved",
-                        text=[f"{r:.0%} hit" for r in sweep["token_hit_rate"]])])
+                        text=[f"{s:.2f} s" for s in sweep["est_ttft_saved_s"]],
+                        customdata=sweep["token_hit_rate"],
+                        hovertemplate="%{x} tokens: %{y:.2f} s saved, token hit rate %{customdata:.0%}<extra></extra>")])
 fig.update_layout(title=f"Estimated TTFT saved over {len(sweep_wl.requests) * 2} requests (model {m.name})",
                   xaxis_title="cache capacity, tokens", yaxis_title="seconds saved")
 fig
@@ -262,7 +294,9 @@ fig
 
 # %%
 crossover = kv.cost.crossover(m, crossover_lengths, repeats=crossover_repeats)
-crossover
+crossover.select("prefix_tokens", pl.col("bytes").alias("KV bytes"),
+                 *[(pl.col(c) * 1e3).round(3).alias(f"{c} (ms)") for c in ("ram_restore", "disk_load", "recompute")],
+                 pl.col("disk_load_MBps").round(1).alias("disk load (MB/s)"), "fastest")
 
 # %% [markdown]
 # ## Results
@@ -292,26 +326,34 @@ results = pl.concat([results, qsweep.with_columns(pl.lit("quant_sweep").alias("s
                     how="diagonal_relaxed")
 if not disk_path:
     shutil.rmtree(folder, ignore_errors=True)
-kv.runner.save_results(results, results_path)
+results = kv.runner.save_results(results, results_path, "11_memory")
 
 # %% [markdown]
-# ## Finding
+# ## Findings
 
 # %%
 qrows = (results.filter(pl.col("section") == "quant_sweep").group_by("kv_format", "bits", "group_size")
-         .agg(pl.col("kl_mean").mean(), pl.col("bytes_ratio").first(),
+         .agg(pl.col("kl_mean").mean(), pl.col("bytes_ratio").first(), pl.col("bytes_per_token").first(),
               (pl.col("bytes_per_token") == pl.col("formula_bytes_per_token")).all().alias("as_formula"))
          .filter(pl.col("bits").is_not_null()).sort("bits", "group_size"))
 restarted = results.filter((pl.col("section") == "tiers") & (pl.col("phase") == "restart"))
 from_disk = restarted.filter(pl.col("tier") == "disk")
 fitted = results.filter(pl.col("section") == "cost_fit").row(0, named=True)
-longest = results.filter(pl.col("section") == "crossover").sort("prefix_tokens").row(-1, named=True)
-finding = (f"Quantized KV on {qm.name} takes, of float32's bytes per token: " + ", ".join(
-    f"{r:.0%} at {b} bits, group {g} (mean KL {kl:.1e})" for _, b, g, kl, r, _ in qrows.iter_rows())
-           + f"; stored bytes equal the formula for {qrows['as_formula'].sum()} of {qrows.height} formats. "
-           f"After a restart the disk tier served {from_disk['requests'].sum()} of {restarted['requests'].sum()} "
-           f"requests ({from_disk['reused_tokens'].sum()} tokens). The prefill cost model's held-out error is "
-           f"{fitted['mape_holdout']:.1%}; for a {longest['prefix_tokens']}-token prefix on {m.name}, restoring from RAM "
-           f"took {longest['ram_restore'] * 1e3:.2f} ms, loading from disk {longest['disk_load'] * 1e3:.2f} ms and "
-           f"recomputing {longest['recompute'] * 1e3:.2f} ms.")
+cross = results.filter(pl.col("section") == "crossover").sort("prefix_tokens")
+wins = cross.filter(pl.col("disk_load") < pl.col("recompute"))["prefix_tokens"].to_list()
+disk_sentence = ("; ".join(f"at {r['prefix_tokens']:,} tokens ({r['bytes'] / 2**20:.2f} MiB of KV) restoring from RAM "
+                           f"took {r['ram_restore'] * 1e3:.2f} ms, loading from disk {r['disk_load'] * 1e3:.2f} ms and "
+                           f"recomputing {r['recompute'] * 1e3:,.2f} ms" for r in cross.iter_rows(named=True))
+                 + ". " + (f"The disk beats recompute at {', '.join(f'{w:,}' for w in wins)} tokens (measured on this machine)."
+                           if wins else f"The disk never beats recompute up to {cross['prefix_tokens'].max():,} tokens "
+                                        f"on {m.name} (a small model recomputes fast; measured on this machine)."))
+float_bytes = results.filter((pl.col("section") == "quant_sweep") & (pl.col("kv_format") == "float32"))["bytes_per_token"][0]
+finding = (f"**Bytes against error** on {qm.name} (float32: {float_bytes:,.0f} B per token): " + "; ".join(
+    f"{b}-bit, group {g}: {n:,.0f} B per token ({r:.0%} of float32), mean KL {kl:.1e} nats"
+    for _, b, g, kl, r, n, _ in qrows.iter_rows())
+           + f". Stored bytes equal the formula for {qrows['as_formula'].sum()} of {qrows.height} formats.\n\n"
+           f"**Tiers**: after a restart the disk tier served {from_disk['requests'].sum()} of {restarted['requests'].sum()} "
+           f"requests ({from_disk['reused_tokens'].sum()} tokens).\n\n"
+           f"**Disk or recompute** on {m.name} (the prefill cost model's held-out error is {fitted['mape_holdout']:.1%}): "
+           + disk_sentence)
 Markdown(finding)

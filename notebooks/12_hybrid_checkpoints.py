@@ -41,7 +41,7 @@ policies = ["none", "segment_ends", "message_ends", "last_message", "tail:11", "
             "log_spaced", "cost_aware"]
 budget = None                  # bytes every policy may hold (None: each holds what it takes)
 fit_cost = False               # fit kv.cost on each model (seconds on this machine) instead of nominal
-results_path = "results.parquet"
+results_path = None              # None: a fresh runs/<notebook>-<timestamp>/results.parquet
 
 # %%
 from kvlab.checkpoints import plan_optimal
@@ -164,10 +164,10 @@ engine
 # %%
 results = pl.DataFrame(rows, schema={"family": pl.Utf8, "workload": pl.Utf8, "policy": pl.Utf8,
                                      "metric": pl.Utf8, "value": pl.Float64, "detail": pl.Utf8})
-kv.runner.save_results(results, results_path)
+results = kv.runner.save_results(results, results_path, "12_hybrid_checkpoints")
 
 # %% [markdown]
-# ## Finding
+# ## Findings
 
 # %%
 wide = (results.filter(pl.col("family").is_in(families))

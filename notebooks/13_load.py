@@ -47,7 +47,7 @@ output_len = 16                # seed 004: 100
 repeats = 1                    # seed 004: 10
 servers = ["kvlab serve radix", "kvlab serve paged", "kvlab serve system", "kvlab serve mlx-lru",
            "mlx_lm.server", "vllm-mlx simple", "vllm-mlx batched", "vllm-mlx paged"]  # []: none
-results_path = "results.parquet"
+results_path = None              # None: a fresh runs/<notebook>-<timestamp>/results.parquet
 
 # %%
 m = kv.load(model)
@@ -200,10 +200,10 @@ fig
 
 # %%
 results = pl.concat([seed004, peer_table], how="diagonal_relaxed").with_columns(pl.lit(m.name).alias("model"))
-kv.runner.save_results(results, results_path)
+results = kv.runner.save_results(results, results_path, "13_load")
 
 # %% [markdown]
-# ## Finding
+# ## Findings
 
 # %%
 s4 = results.filter(pl.col("section") == "seed004").group_by("cache", "concurrency").agg(pl.col(pl.Float64).median())

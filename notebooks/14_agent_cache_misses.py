@@ -50,7 +50,7 @@ causes = list(CAUSES)   # which causes to run (kvlab.workloads.CAUSES)
 turns = 4               # requests per conversation (compaction and micro_compaction need 4)
 sizes = {"system_tokens": 60, "tools": 2, "result_tokens": 80, "think_tokens": 24, "max_tokens": 4}
 mlx_lm_causes = list(CAUSES)  # causes also run on plain mlx_lm.server ([]: skip it; ~5 s a run)
-results_path = "results.parquet"
+results_path = None              # None: a fresh runs/<notebook>-<timestamp>/results.parquet
 
 # %%
 m = kv.load(model)
@@ -128,7 +128,7 @@ results = pl.DataFrame(rows, schema={
     "prompt_tokens": pl.Int64, "reused_tokens": pl.Int64, "hit_rate": pl.Float64,
     "diagnosed_type": pl.Utf8, "expected_type": pl.Utf8, "diverged_at": pl.Int64, "fix_side": pl.Utf8,
     "detail": pl.Utf8})
-kv.runner.save_results(results, results_path)
+results = kv.runner.save_results(results, results_path, "14_agent_cache_misses")
 results.filter(pl.col("cause") == causes[0]).drop("cause", "expected_type", "fix_side")
 
 # %% [markdown]
@@ -224,7 +224,7 @@ summary = summary.with_columns((pl.col("expected") == pl.col("diagnosed")).alias
 summary.with_columns(pl.col("^(kvlab|mlx_lm) (before|after|recovered)$").map_elements(pct, return_dtype=pl.Utf8))
 
 # %% [markdown]
-# ## Finding
+# ## Findings
 
 # %%
 by_gain = summary.sort("kvlab recovered", descending=True)

@@ -104,18 +104,28 @@ class RunResult:
 
 # ---------------------------------------------------------------------------------------- helpers
 
-def save_results(frame, path) -> Any:
+def save_results(frame, path=None, name: str | None = None) -> Any:
     """Write a notebook's results table to ``path`` atomically (never a half-written parquet);
-    returns the frame so a notebook can end with it.
+    returns the frame.
+
+    ``path=None`` (a notebook's default ``results_path``, run by hand) writes to a fresh per-run
+    folder ``runs/<name>-<timestamp>/results.parquet``, so no run overwrites another. Given a
+    ``name`` (a notebook's stem), it prints where the table went; ``kvlab execute`` and
+    ``run_notebook`` always pass a path.
 
     Example:
-        >>> kv.runner.save_results(results, results_path)
+        >>> results = kv.runner.save_results(results, results_path, "01_multi_turn")
+        results: 12 rows x 5 columns -> runs/01_multi_turn-20250101-120000/results.parquet
     """
     import polars as pl
 
     if not isinstance(frame, pl.DataFrame):
         frame = pl.DataFrame(frame)
+    if path is None:
+        path = new_run_dir(Path(DEFAULT_RUNS), name or "results") / RESULTS_FILE
     atomic_write_with(path, frame.write_parquet)
+    if name is not None:
+        print(f"results: {frame.height:,} rows x {frame.width} columns -> {path}")
     return frame
 
 

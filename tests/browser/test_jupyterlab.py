@@ -316,3 +316,82 @@ def test_inspector_renders_and_reacts_in_jupyterlab(lab, qwen_tokenizer):
         finally:
             browser.close()
     assert errors == [], errors
+
+
+# notebook 10 after Run All, as a user sees it: a Findings section that answers the notebook's
+# question, and the optimum (belady) drawn black and dashed and named as the ceiling
+
+POLICY_CEILING_JS = """() => Array.from(document.querySelectorAll('.jp-Notebook .js-plotly-plot'))
+    .filter(d => d.data && d.data.some(t => (t.name || '').includes('optimum')))
+    .map(d => d.data.filter(t => (t.name || '').includes('optimum'))
+                    .map(t => ({name: t.name, color: t.line && t.line.color, dash: t.line && t.line.dash})))"""
+
+FINDINGS_JS = """() => {
+    const h = Array.from(document.querySelectorAll('.jp-Notebook .jp-MarkdownCell h2'))
+        .filter(e => e.textContent.replace('¶', '').trim() === 'Findings');
+    const out = Array.from(document.querySelectorAll('.jp-Notebook .jp-RenderedMarkdown.jp-OutputArea-output'))
+        .map(e => e.textContent).filter(t => t.startsWith('Which policy to ship'));
+    return {headings: h.length, findings: out};
+}"""
+
+
+CODE_STARTED_JS = """() => { const p = document.querySelector('.jp-Notebook .jp-CodeCell .jp-InputArea-prompt');
+    return !!p && /\\[(\\d+|\\*)\\]/.test(p.textContent); }"""
+
+
+def _open_and_run_all(page, base: str, token: str, name: str) -> None:
+    """Open ``name`` in JupyterLab and Run All Cells once its kernel is idle."""
+    page.goto(f"{base}/lab/tree/{name}?token={token}", timeout=60_000)
+    page.locator(".jp-Notebook .jp-Cell").first.wait_for(timeout=60_000)
+    page.wait_for_function(IDLE_JS, timeout=60_000)
+    page.wait_for_timeout(1500)
+    page.wait_for_function(IDLE_JS, timeout=60_000)
+    from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
+
+    for attempt in range(3):
+        run_menu(page, "Run All Cells")
+        # a kernel swapped in while the notebook opened drops the queue: run again if the first
+        # code cell neither runs nor ran
+        try:
+            page.wait_for_function(CODE_STARTED_JS, timeout=30_000)
+            return
+        except PlaywrightTimeoutError:
+            if attempt == 2:
+                raise
+
+
+def test_policies_notebook_ends_in_findings_with_the_optimum_distinct(lab, tmp_path):
+    # mutants caught: the optimum coloured from the palette like LRU (the 11th trace), the
+    # Findings heading or its sentences missing after Run All
+    from playwright.sync_api import sync_playwright
+
+    base, token, log = lab
+    venv_share = Path(sys.prefix) / "share" / "jupyter"
+    nb = json.loads((ROOT / "notebooks" / "10_policies.ipynb").read_text())
+    kernel = "kvlab" if (venv_share / "kernels" / "kvlab" / "kernel.json").exists() else "python3"
+    nb["metadata"]["kernelspec"] = {"name": kernel, "display_name": kernel, "language": "python"}
+    (tmp_path / "work" / "10_policies.ipynb").write_text(json.dumps(nb))
+    ARTIFACTS.mkdir(exist_ok=True)
+    errors: list[str] = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium(), args=CHROMIUM_ARGS, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1100})
+            page.on("pageerror", lambda e: errors.append(f"pageerror: {e}"))
+            _open_and_run_all(page, base, token, "10_policies.ipynb")
+            try:
+                page.wait_for_function(f"() => ({FINDINGS_JS})().findings.length > 0", timeout=180_000)
+                page.wait_for_function(f"() => ({POLICY_CEILING_JS})().length >= 2", timeout=60_000)
+            except Exception as e:
+                page.screenshot(path=str(ARTIFACTS / "policies-failed.png"), full_page=True)
+                raise AssertionError(f"notebook 10 did not finish with its Findings ({type(e).__name__}); "
+                                     f"page errors {errors}; server log:\n{log.read_text()[-3000:]}") from None
+            found = page.evaluate(FINDINGS_JS)
+            assert found["headings"] == 1 and len(found["findings"]) == 1
+            assert "points below the optimum's" in found["findings"][0]
+            # both sweeps (the Mooncake trace and the workload) draw the ceiling the same way
+            for traces in page.evaluate(POLICY_CEILING_JS):
+                assert traces == [{"name": "belady (optimum: the ceiling)", "color": "black", "dash": "dash"}]
+        finally:
+            browser.close()
+    assert errors == [], errors

@@ -40,8 +40,11 @@ def outputs(nb, startswith: str) -> str:
 
 
 def finding(nb) -> str:
-    """The finding an executed notebook ends in: the Markdown its last code cell displays."""
-    last = [c for c in nb.cells if c.cell_type == "code"][-1]
+    """The findings an executed notebook ends in: the Markdown its last cell, under the
+    "## Findings" heading, displays."""
+    assert nb.cells[-2].cell_type == "markdown" and nb.cells[-2].source.strip() == "## Findings"
+    last = nb.cells[-1]
+    assert last.cell_type == "code"
     texts = [o.data["text/markdown"] for o in last.outputs if "text/markdown" in o.get("data", {})]
     assert len(texts) == 1, f"the last cell must display one Markdown finding, not {last.outputs}"
     return texts[0]

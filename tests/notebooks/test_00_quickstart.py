@@ -33,3 +33,8 @@ def test_00_quickstart(tmp_path):
     assert f"reused {r['second_reused_tokens']} of its {r['second_prompt_tokens']} prompt tokens" in text
     assert f"prefilled {r['second_prefilled_tokens']} instead of {r['cold_prefilled_tokens']}" in text
     assert f"({r['ttft_speedup']:.1f}x)." in text
+    # a readable summary, not the clipped 1x16 results frame (mutant: the table displayed raw)
+    assert f"| second request: reused / prompt tokens | {r['second_reused_tokens']:,} / {r['second_prompt_tokens']:,} |" in text
+    assert f"| snapshot of the prefix | {r['snapshot_bytes'] / 2**10:,.1f} KiB |" in text
+    saved = outputs(nb, "results = pl.DataFrame(")
+    assert saved.startswith("results: 1 rows x 16 columns -> ") and saved.rstrip().endswith("results.parquet")

@@ -25,6 +25,12 @@ def test_09_serving(tmp_path):
     # seed 001: later turns of each user reuse its earlier turns
     turns = sec["seed001_turns"].sort("turn")
     assert turns.height == 3 and (turns["reuse"][1:] > 0.3).all()
+    assert turns["turn"].to_list() == [1, 2, 3]  # 1-based, as in the figure (mutant: 0-based in the table)
+    bars = next(o.data["application/vnd.plotly.v1+json"] for c in nb.cells if c.cell_type == "code"
+                and c.source.startswith("decoding = ") for o in c.outputs
+                if "application/vnd.plotly.v1+json" in o.get("data", {}))["data"][0]
+    # bar height and bar text are the same metric (mutant: height reuse, text TTFT)
+    assert bars["x"] == [1, 2, 3] and bars["text"] == [f"{r:.0%}" for r in turns["reuse"]]
 
     # correctness under concurrency: no flip beyond a near-tie
     c = sec["correctness"].row(0, named=True)
@@ -60,6 +66,16 @@ def test_09_serving(tmp_path):
     assert f"({best['token_hit_rate']:.0%} of prompt tokens" in text
     assert f"turn 3 reused {turns['reuse'][-1]:.0%}" in text
     assert f"Concurrency changed {c['flips']} of 6 outputs, 0 beyond a near-tie" in text
+    # which server wins at which concurrency, from the table's TTFTs (mutants: the slowest named
+    # as the winner; the peers' one-at-a-time runs passed off as concurrent)
+    assert text.startswith(f"**At 4 requests in flight** (kvlab serve, one store at a time)")
+    first = shared.sort("ttft_ms_p50").row(0, named=True)
+    assert f"{first['store']} answered first (median TTFT {first['ttft_ms_p50']:.1f} ms)" in text
+    ranked = sec["audit"].sort("ttft_ms_p50")
+    assert (sec["audit"]["concurrency"] == 1).all()
+    assert ("**One request at a time** (the same exact repeats and prefix extension on each server): "
+            + ", then ".join(f"{r['server']} (median TTFT {r['ttft_ms_p50']:.1f} ms)" for r in ranked.iter_rows(named=True))
+            + f"; {ranked['server'][0]} wins.") in text
     batched = a["vllm-mlx batched"]
     assert (f"vllm-mlx batched {batched['reported']:,} against {batched['inferred']:,} "
             f"({batched['prefilled_again']} of 6 exact repeats prefilled again)") in text

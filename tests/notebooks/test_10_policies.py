@@ -99,5 +99,35 @@ def test_10_policies(tmp_path):
     assert (shared["token_hit_rate"] >= radix["token_hit_rate"]).all()
     assert shared["requests_reusing_more"].sum() > 0
     text = finding(nb)
+    # the policy to ship per capacity and its gap to the optimum, from the table (mutants: the
+    # finding names the worst policy, measures the gap against the best online policy instead of
+    # belady, or stops before the capacity where everything fits)
+    assert text.startswith("**Which policy to ship** (token hit rate, against belady, the offline optimum).")
+    online = trace.filter(pl.col("policy") != "belady")
+    for cap in sorted(online["capacity_tokens"].unique()):
+        at = online.filter(pl.col("capacity_tokens") == cap)
+        best, ceiling = at["token_hit_rate"].max(), at["belady_token_hit_rate"].max()
+        if cap == top:
+            assert f"at {cap:,} tokens every policy reaches the optimum's {ceiling:.1%} (everything fits)" in text
+            continue
+        winners = sorted(at.filter(pl.col("token_hit_rate") >= best - 1e-12)["policy"])
+        assert f"at {cap:,} tokens ship {winners[0]}" in text
+        assert f"{best:.1%}, {(ceiling - best) * 100:.1f} points below the optimum's {ceiling:.1%}" in text
+    assert ("On prefix_repetition (60 prompts, two passes): at 256 tokens ship length_aware and lfu: 6.3%, "
+            "7.3 points below the optimum's 13.7%; at 1,024 tokens ship length_aware: 25.3%") in text
+    # the optimum drawn distinct and named as the ceiling, the axis fitted to the data (mutants:
+    # belady coloured like LRU; a 0-100% axis over data that tops at 14.8%)
+    curves = [o.data["application/vnd.plotly.v1+json"] for c in nb.cells if c.cell_type == "code"
+              and "hit_rate_curves(trace_sweeps" in c.source for o in c.outputs
+              if "application/vnd.plotly.v1+json" in o.get("data", {})]
+    ceiling = curves[0]["data"][-1]
+    assert ceiling["name"] == "belady (optimum: the ceiling)"
+    assert (ceiling["line"]["color"], ceiling["line"]["dash"]) == ("black", "dash")
+    assert curves[0]["layout"]["yaxis"]["range"][1] < 0.5 and trace["token_hit_rate"].max() < 0.2
+    # misses per request aggregated (mutant: one bar per request, 800 bars)
+    bars = [o.data["application/vnd.plotly.v1+json"] for c in nb.cells if c.cell_type == "code"
+            and c.source.startswith("one = kv.simulate(") for o in c.outputs if "data" in o and
+            "application/vnd.plotly.v1+json" in o.data]
+    assert 20 <= len(bars[0]["data"][0]["x"]) <= 30
     assert "In LMCache's scan, ARC kept 1024 of the 1024 hot tokens and LRU 0." in text
     assert f"the shared-node radix tree held {ratio['seed 004', 'shared-radix']:.2f}x the bytes" in text

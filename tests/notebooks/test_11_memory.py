@@ -25,7 +25,7 @@ def test_11_memory_is_clean_paired_and_parameterised():
     assert code[0].source.startswith("import kvlab as kv")
     assert all(not c.outputs and c.execution_count is None for c in code)
     declared = runner.notebook_parameters(NOTEBOOK)
-    assert declared["model"].strip("'\"") == "tiny" and declared["results_path"].strip("'\"") == "results.parquet"
+    assert declared["model"].strip("'\"") == "tiny" and declared["results_path"] == "None"
     assert NOTEBOOK.with_suffix(".py").is_file()
     assert declared["quant_model"].strip("'\"") == "smollm2"  # tiny's head_dim (16) cannot be quantized
 
@@ -104,7 +104,49 @@ def test_11_memory(tmp_path):
         assert value("quantized reuse", b, "max_abs_vs_quantized_cold") > SMOL_TOL
     assert value("quantized reuse", 4, "max_abs_vs_quantized_cold") > value("quantized reuse", 8, "max_abs_vs_quantized_cold")
 
-    text = finding(nbformat.read(r.executed, as_version=4))
-    assert "stored bytes equal the formula for 6 of 6 formats" in text
-    assert "After a restart the disk tier served 6 of 6 requests (570 tokens)" in text
+    nb = nbformat.read(r.executed, as_version=4)
+    text = finding(nb)
+    assert "Stored bytes equal the formula for 6 of 6 formats" in text
+    assert "**Tiers**: after a restart the disk tier served 6 of 6 requests (570 tokens)" in text
     assert f"held-out error is {fit['mape_holdout']:.1%}" in text
+    # bytes against error, per format, with units (mutant: bytes or KL without units, or the
+    # float32 size in place of the quantized one)
+    assert f"(float32: {30 * 3 * 2 * 64 * 4:,} B per token)" in text  # 46,080
+    q4 = sweep.filter(pl.col("kv_format") == "q4g64").row(0, named=True)
+    assert f"4-bit, group 64: {q4['bytes_per_token']:,.0f} B per token" in text
+    assert f"mean KL {sweep.filter(pl.col('kv_format') == 'q4g64')['kl_mean'].mean():.1e} nats" in text
+    # disk against recompute, in ms for every measured length, and the verdict drawn from the same
+    # rows (mutant: times without units; a verdict typed by hand)
+    for row in cross.iter_rows(named=True):
+        assert (f"at {row['prefix_tokens']:,} tokens ({row['bytes'] / 2**20:.2f} MiB of KV) restoring from RAM "
+                f"took {row['ram_restore'] * 1e3:.2f} ms, loading from disk {row['disk_load'] * 1e3:.2f} ms") in text
+    wins = cross.filter(pl.col("disk_load") < pl.col("recompute"))["prefix_tokens"].to_list()
+    assert (f"The disk beats recompute at {', '.join(f'{w:,}' for w in wins)} tokens" if wins
+            else "The disk never beats recompute up to 1,024 tokens") in text
+
+    # the KL caption measures the fall per bit (mutant: the old typed "each bit halves the error")
+    caption = next(o.data["text/markdown"] for c in nb.cells if c.cell_type == "code"
+                   and c.source.startswith("qfig = go.Figure(") for o in c.outputs
+                   if "text/markdown" in o.get("data", {}))
+    factors = []
+    for g in (32, 64):
+        kl = sweep.filter(pl.col("group_size") == g).group_by("bits").agg(pl.col("kl_mean").mean()).sort("bits")
+        (b0, k0), (b1, k1), (b2, k2) = kl.rows()
+        factors += [(k0 / k1) ** (1 / (b1 - b0)), (k1 / k2) ** (1 / (b2 - b1))]
+        assert f"group size {g}: {b0}->{b1} bits {factors[-2]:.1f}x per bit, {b1}->{b2} bits {factors[-1]:.1f}x per bit" in caption
+    assert caption.startswith(f"Each added bit divides the mean KL by {min(factors):.1f}x to {max(factors):.1f}x")
+    assert "halves" not in caption and min(factors) > 2  # more than halving: the old caption was wrong
+    # reuse's added error explained where it exceeds quantization's own (mutant: printed bare)
+    explained = next(o.data["text/markdown"] for c in nb.cells if c.cell_type == "code"
+                     and c.source.startswith("added = reuse.filter(") for o in c.outputs
+                     if "text/markdown" in o.get("data", {}))
+    for b in (4, 8):
+        q_abs = value("quantized cold", b, "max_abs_vs_float")
+        a_abs = value("quantized reuse", b, "max_abs_vs_quantized_cold")
+        assert f"**{b}-bit**: quantization itself moves the last logits by up to {q_abs:.3f}" in explained
+        assert (f"{a_abs / q_abs:.2f}x quantization's own error. Not a bug" in explained) == (a_abs > q_abs)
+    # in the sweep's bars, height and text are the same metric (mutant: text the hit rate)
+    bars = next(o.data["application/vnd.plotly.v1+json"] for c in nb.cells if c.cell_type == "code"
+                and "est_ttft_saved_s" in c.source for o in c.outputs
+                if "application/vnd.plotly.v1+json" in o.get("data", {}))["data"][0]
+    assert bars["text"] == [f"{s:.2f} s" for s in saved]

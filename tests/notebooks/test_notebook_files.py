@@ -40,7 +40,10 @@ def test_committed_notebooks_are_clean_and_parameterised(name):
     tagged = [c for c in code if "parameters" in c.metadata.get("tags", [])]
     assert len(tagged) == 1
     declared = runner.notebook_parameters(NOTEBOOKS / f"{name}.ipynb")
-    assert declared["results_path"].strip("'\"") == "results.parquet"
+    # None: a run by hand writes to a fresh runs/<notebook>-<timestamp>/ (mutant: a fixed
+    # "results.parquet" default, which each run overwrites)
+    assert declared["results_path"] == "None"
+    assert f'kv.runner.save_results(results, results_path, "{name}")' in "".join(c.source for c in code)
     source = "".join(c.source for c in code)
     assert "kv.runner.save_results(" in source, "write the results table with kv.runner.save_results"
     if "kv.load(" in source or "kv.load_vlm(" in source:  # (the trace replay needs no model)
@@ -61,3 +64,5 @@ def test_notebooks_end_in_a_finding_and_leave_asserts_to_the_tests(name):
     assert last.cell_type == "code" and last.source.rstrip().endswith("Markdown(finding)"), last.source
     assert 'f"' in last.source and "results" in last.source
     assert any("kv.runner.save_results(" in c.source for c in code[:-1])
+    # under a "## Findings" heading (mutant: the old "## Finding", or a table after the finding)
+    assert nb.cells[-2].cell_type == "markdown" and nb.cells[-2].source.strip() == "## Findings"

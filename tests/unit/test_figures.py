@@ -285,3 +285,21 @@ def test_hit_rate_curves_with_a_real_sweep():
 
 
 # the Inspector's budget replay (kvlab.experiments.replay) is tested in test_replay.py
+
+
+def test_hit_rate_curves_draw_the_optimum_as_the_ceiling_and_fit_the_axis():
+    sweeps = {f"p{i}": sweep_frame(0.1 + 0.05 * i) for i in range(10)}
+    sweeps["belady"] = sweep_frame(0.4)
+    fig = viz.hit_rate_curves(sweeps)
+    best = fig.data[-1]  # drawn last, on top of what it bounds
+    # mutant: the optimum coloured from the palette like any policy (the 11th trace got LRU's blue)
+    assert best.name == "belady (optimum: the ceiling)"
+    assert (best.line.color, best.line.dash) == ("black", "dash")
+    assert all(t.line.color != "black" for t in fig.data[:-1])
+    # mutant: eleven coloured lines; only the four best online policies keep colours
+    assert fig.layout.meta["highlighted"] == ["p6", "p7", "p8", "p9"]
+    assert sum(t.line.color == "#c7c7c7" for t in fig.data) == 6
+    # mutant: a fixed 0-100% axis; the data tops at 0.6 x 0.55 = 33%
+    assert fig.layout.yaxis.range[1] == pytest.approx(0.33 * 1.08 + 0.01)
+    assert fig.layout.xaxis.title.text == "cache capacity, tokens (log scale)"
+    assert fig.layout.yaxis.title.text == "token hit rate (share of prompt tokens reused)"

@@ -248,3 +248,16 @@ def test_grid_with_an_unreachable_scheduler_says_so(notebook, tmp_path):
     with dask.config.set({"distributed.comm.timeouts.connect": "1s"}):
         with pytest.raises(GridError, match="cannot connect to the Dask scheduler at 'tcp://127.0.0.1:9'"):
             nb_grid.run_grid(notebook, {"x": [1]}, out_dir=tmp_path / "s", scheduler="tcp://127.0.0.1:9")
+
+
+def test_save_results_without_a_path_writes_a_fresh_run_folder(tmp_path, monkeypatch, capsys):
+    # a notebook run by hand (results_path = None): each run its own folder, none overwritten
+    # (mutant: a fixed runs/<name>/results.parquet, or the working directory's results.parquet)
+    monkeypatch.chdir(tmp_path)
+    runner.save_results({"a": [1]}, None, "10_policies")
+    runner.save_results({"a": [2]}, None, "10_policies")
+    written = sorted(tmp_path.glob("runs/10_policies-*/results.parquet"))
+    assert len(written) == 2 and not (tmp_path / "results.parquet").exists()
+    assert sorted(pl.read_parquet(p)["a"][0] for p in written) == [1, 2]
+    out = capsys.readouterr().out
+    assert out.count("results: 1 rows x 1 columns -> runs/10_policies-") == 2
