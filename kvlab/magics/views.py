@@ -147,7 +147,7 @@ class StatsView(_View):
 
 @dataclass(eq=False, repr=False)
 class TreeView(_View):
-    """``%kvlab tree``: the store's radix tree (or its entries when it has no tree)."""
+    """``%kvlab tree``: the store's prefix tree (or its entries when it has no tree)."""
 
     store: Any
     lines: list
