@@ -160,7 +160,7 @@ class TreeView(_View):
 
     def _note(self) -> str:
         if self.frame is None:
-            return f"({type(self.store).__name__} keeps no tree: {self.store.entries} entries)"
+            return "" if self.lines else f"({type(self.store).__name__} keeps no tree: {self.store.entries} entries)"
         more = self.frame.height - self.ROWS
         return f"… {more} more rows" if more > 0 else ""
 
