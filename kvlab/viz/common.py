@@ -84,12 +84,11 @@ def byte_axis(top: float, count: int = 5) -> dict:
     (plotly's own "1.3M" would read as 10**6).
 
     Example:
-        >>> byte_axis(3 << 20)["ticktext"]
-        ['0 B', '1.0 MiB', '2.0 MiB', '3.0 MiB']
+        >>> byte_axis(3 << 20)["ticktext"][:3]
+        ['0 B', '512.0 KiB', '1.0 MiB']
     """
     top = max(float(top), 1.0)
-    raw = top / count
-    unit = 1024 ** max(0, int(math.log(raw, 1024))) if raw >= 1 else 1
-    step = unit * next((m for m in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024) if unit * m >= raw), 1024)
+    # the largest power of two giving at least ``count`` ticks: round in KiB, MiB and GiB alike
+    step = 2 ** max(0, math.floor(math.log2(top / (count - 1))))
     ticks = [k * step for k in range(int(top // step) + 1)]
     return dict(range=[0, top], tickvals=ticks, ticktext=[fmt_bytes(v) for v in ticks])

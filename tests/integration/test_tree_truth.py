@@ -84,3 +84,25 @@ def test_kvlab_tree_on_a_paged_store_draws_the_tree(tiny):
         shell.run_line_magic("kvlab", "load m")
         if not existed:
             InteractiveShell.clear_instance()
+
+
+def test_the_inspector_shows_the_reuse_in_readable_units(tiny):
+    pytest.importorskip("ipywidgets")
+    from kvlab.viz.tree import NEVER_HIT
+
+    engine = kv.Engine(tiny, kv.RadixStore(budget_bytes=256 << 20))
+    ins = kv.Inspector(engine)
+    for r in (A, B):
+        engine.run(r, max_tokens=2)
+    ice = ins.figs["tree"].data[0]
+    tree = engine.store.tree_frame()
+    shared = str(tree.filter(pl.col("depth") == SHARED)["id"][0])
+    i = list(ice.ids).index(shared)
+    assert ice.marker.colors[i] == 1 and ice.marker.cmin == 0 and ice.marker.colorscale[0][1] == NEVER_HIT
+    assert ice.marker.colors[list(ice.ids).index("0")] == 0  # the root served nothing
+    assert ins.budget_text.value == "256.0 MiB" and ins.budget.readout is False
+    ins.budget.value = 6030  # MiB: the slider's own readout said "6.03e+3"
+    assert ins.budget_text.value == "5.9 GiB"
+    mem = ins.figs["memory"].layout
+    peak = engine.store.nbytes
+    assert mem.yaxis.range[1] == peak * 1.1 and "far above this axis" in mem.annotations[0].text
