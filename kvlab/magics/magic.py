@@ -82,7 +82,7 @@ class KvlabMagics(Magics):
                  [--set NAME=VALUE ...] [--max-tokens N] [--normalise]
                  WORKLOAD: multi_turn, agentic_loop, shared_system_prompt, prefix_repetition,
                  multimodal_mix, or an EXPR giving a Workload or list of requests
-          %kvlab tree                      the store's radix tree
+          %kvlab tree                      the store's prefix tree
           %kvlab stats                     hit rates (per token and per request) and events
           %kvlab inspect                   kv.Inspector on the engine
           %%kvlab chat [--max-tokens N] [--last]

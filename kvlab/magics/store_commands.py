@@ -9,7 +9,7 @@ from .views import StatsView, TreeView
 
 
 def register(sub) -> None:
-    p = sub.add_parser("tree", help="the store's radix tree")
+    p = sub.add_parser("tree", help="the store's prefix tree (radix nodes, or a paged store's block runs)")
     p.set_defaults(handler=tree)
     p = sub.add_parser("stats", help="hit rates (per token and per request) and events")
     p.set_defaults(handler=stats)

@@ -1,4 +1,4 @@
-"""Text the magics read and write: a ``%%kvlab chat`` cell body as messages, a radix tree as
+"""Text the magics read and write: a ``%%kvlab chat`` cell body as messages, a prefix tree as
 indented lines."""
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ def parse_chat(body: str) -> list[dict]:
 
 
 def tree_lines(frame, tokenizer, preview: int = 10) -> list[str]:
-    """An indented text rendering of RadixStore.tree_frame(), one line per node.
+    """An indented text rendering of a store's tree_frame() (RadixStore's nodes, SharedRadixStore's,
+    PagedStore's runs of blocks), one line per node.
 
     Example:
         >>> tree_lines(store.tree_frame(), model.tokenizer)[0]
@@ -60,7 +61,9 @@ def tree_lines(frame, tokenizer, preview: int = 10) -> list[str]:
         more = "…" if len(ids) > preview else ""
         entry = (f" ● entry {row['entry']} ({row['entry_kind']}, {row['bytes'] / 1024:.0f} KiB)"
                  if row["entry"] is not None else "")
-        return (f"[{row['start']}:{row['depth']}) {row['tokens']} tok, hits {row['hits']}{entry}  "
+        blocks = f" in {row['blocks']} blocks" if row.get("blocks") else ""
+        span = "?" if row["start"] is None else f"{row['start']}:{row['depth']}"  # a chain whose head left
+        return (f"[{span}) {row['tokens']} tok{blocks}, hits {row['hits']}{entry}  "
                 f"{text[:60]!r}{more}")
 
     def walk(node_id, prefix: str, last: bool, top: bool) -> None:

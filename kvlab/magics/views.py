@@ -154,7 +154,7 @@ class StatsView(_View):
 
 @dataclass(eq=False, repr=False)
 class TreeView(_View):
-    """``%kvlab tree``: the store's radix tree (or its entries when it has no tree)."""
+    """``%kvlab tree``: the store's prefix tree (or its entries when it has no tree)."""
 
     store: Any
     lines: list
@@ -167,7 +167,7 @@ class TreeView(_View):
 
     def _note(self) -> str:
         if self.frame is None:
-            return f"({type(self.store).__name__} keeps no tree: {self.store.entries} entries)"
+            return "" if self.lines else f"({type(self.store).__name__} keeps no tree: {self.store.entries} entries)"
         more = self.frame.height - self.ROWS
         return f"… {more} more rows" if more > 0 else ""
 

@@ -49,6 +49,7 @@ from ..primitives.display import summary_html, table_html
 from ..primitives.snapshots import Snapshot
 from ..primitives.tokens import Tokens
 from .base import Capabilities, Match
+from .block_tree import tree_of
 from .budgeted import BudgetedStore
 from .paged_parts import Checkpoint, CheckpointBook, block_bytes, check_pool, join_full, join_window, needs, obstacle
 
@@ -152,7 +153,7 @@ class PagedStore(CheckpointBook, BudgetedStore):
         # a block handed to a disk tier alone restores nothing of a window or a recurrent state
         holds = {"full"} if self.on_evict is not None else {"full", "window", "chunked", "recurrent", "list"}
         return Capabilities(block_size=self.block_size, holds=frozenset(holds), budget_bytes=self.budget_bytes,
-                            views=("blocks",), checkpoint_every=None if self.on_evict else self.checkpoint_every,
+                            views=("tree", "blocks"), checkpoint_every=None if self.on_evict else self.checkpoint_every,
                             components=True)
 
     def lookup(self, key: CacheKey, tokens: Tokens, *, limit: int) -> Match:
@@ -238,7 +239,6 @@ class PagedStore(CheckpointBook, BudgetedStore):
     def _checkpointed(self) -> bool:
         """A hit needs a checkpoint (this model has window or recurrent parts)."""
         return bool(self._parts) and bool(needs(self._parts))
-
 
     def _store(self, h: bytes, parent, ids, i: int, parts, fingerprint, kind: str) -> Block:
         s, e = i * self.block_size, (i + 1) * self.block_size
@@ -326,6 +326,10 @@ class PagedStore(CheckpointBook, BudgetedStore):
                     "token_ids": pl.List(pl.Int64), "bytes": pl.Int64, "ref_cnt": pl.Int64,
                     "hits": pl.Int64, "last_used": pl.Int64, "free_position": pl.Int64,
                     "window_bytes": pl.Int64, "checkpoint_bytes": pl.Int64})
+
+    def tree_frame(self) -> pl.DataFrame:
+        """The block chains as a prefix tree, RadixStore.tree_frame's columns (kvlab.stores.block_tree)."""
+        return tree_of(self.blocks_frame())
 
     def _pool(self) -> str:
         return "" if self.num_blocks is None else f" of {self.num_blocks}"

@@ -30,6 +30,7 @@ from ..policies import KIND_PRIORITY, Unit, store_policy
 from ..primitives.display import summary_html, table_html
 from ..primitives.snapshots import Snapshot, compact, non_trimmable_layers
 from ..primitives.tokens import Tokens, common_prefix_len
+from . import node_hits
 from .base import MISS, NON_CAPACITY_REASONS, Capabilities, Match, too_big
 from .budgeted import BudgetedStore
 
@@ -57,8 +58,7 @@ class Node:
     children: dict = field(default_factory=dict)
     entry: Entry | None = None
     id: int = 0
-    hits: int = 0
-    last_used: int = 0
+    served: dict = field(default_factory=dict)  # lookups that reused its tokens (kvlab.stores.node_hits)
 
     def walk(self):
         yield self
@@ -135,7 +135,7 @@ class RadixStore(BudgetedStore):
                                  why + (f"; reused the checkpoint at {best.tokens}" if best.tokens
                                         else "; no checkpoint before it"))
         if best.entry_id is not None:
-            self._touch(best.entry_id, path)
+            self._touch(best.entry_id, sym, best.tokens)
         return best
 
     def insert(self, key: CacheKey, tokens: Tokens, snap: Snapshot, *, kind: str = "prompt") -> None:
@@ -205,14 +205,17 @@ class RadixStore(BudgetedStore):
     def _unit(self, entry: Entry) -> Unit:
         return Unit(entry.id, entry.nbytes, 0, entry.tokens, None, KIND_PRIORITY.get(entry.kind, 0))
 
-    def _touch(self, entry_id: int, path) -> None:
-        entry, node = self._entries[entry_id]
+    def _touch(self, entry_id: int, sym: tuple, reuse: int) -> None:
+        """Credit the entry that served, and every node holding the ``reuse`` tokens it served
+        (not the root; the last one perhaps only in part)."""
+        entry, _ = self._entries[entry_id]
         tick = next(self._clock)
         entry.last_used, entry.hits = tick, entry.hits + 1
         self.policy.access(self._unit(entry))
-        for n in path:
-            n.hits += 1
-            n.last_used = tick
+        node, depth = self.root, 0
+        while depth < reuse and (child := node.children.get(sym[depth])) is not None:
+            child.served = node_hits.credit(child.served, min(len(child.edge), reuse - depth), tick)
+            node, depth = child, depth + len(child.edge)
 
     def _node_for(self, sym: tuple) -> Node:
         node, depth = self.root, 0
@@ -225,6 +228,7 @@ class RadixStore(BudgetedStore):
             m = common_prefix_len(child.edge, sym[depth:])
             if m < len(child.edge):
                 mid = Node(child.edge[:m], node, depth + m, id=next(self._ids))
+                mid.served, child.served = node_hits.split(child.served, m)
                 node.children[sym[depth]] = mid
                 child.edge = child.edge[m:]
                 child.parent = mid
@@ -254,6 +258,7 @@ class RadixStore(BudgetedStore):
             node = parent
         if node is not self.root and node.entry is None and len(node.children) == 1:
             (child,) = node.children.values()
+            child.served = node_hits.join(node.served, len(node.edge), child.served)
             child.edge = node.edge + child.edge
             child.parent = node.parent
             node.parent.children[node.edge[0]] = child
@@ -278,7 +283,9 @@ class RadixStore(BudgetedStore):
         return node.entry is not None
 
     def tree_frame(self) -> pl.DataFrame:
-        """One row per radix node: id, parent, depth, edge token ids, entry, hits, recency, bytes."""
+        """One row per radix node: id, parent, start, depth, tokens, edge token ids, entry, bytes,
+        ``hits`` (lookups that reused at least one of its tokens; the root holds none, so 0) and
+        ``last_used`` (the clock tick of the latest; 0: never hit)."""
         rows = []
         for n in self.root.walk():
             ids = [s if isinstance(s, int) else s[0] for s in n.edge]
@@ -286,7 +293,7 @@ class RadixStore(BudgetedStore):
                          "start": n.depth - len(n.edge), "depth": n.depth, "tokens": len(n.edge),
                          "edge_ids": ids, "entry": n.entry.id if n.entry else None,
                          "entry_kind": n.entry.kind if n.entry else None,
-                         "hits": n.hits, "last_used": n.last_used,
+                         "hits": node_hits.hits(n.served), "last_used": node_hits.last_hit(n.served),
                          "bytes": n.entry.nbytes if n.entry else 0})
         return pl.DataFrame(rows, schema_overrides={"parent": pl.Int64, "entry": pl.Int64})
 

@@ -28,6 +28,7 @@ import mlx.core as mx
 from ..primitives.cache_parts import WINDOWED, Part, arrays_of, copy_of, nbytes_of, window_kv, window_size, windowed_state
 from ..primitives.display import summary_html, table_html
 from ..primitives.snapshots import LayerState, Snapshot
+from . import node_hits
 from .paged_parts import COMPONENTS, Checkpoint
 
 
@@ -49,8 +50,13 @@ class Node:
     checkpoints: dict = field(default_factory=dict)
     ends: set = field(default_factory=set)
     lock: int = 0
-    hits: int = 0
+    served: dict = field(default_factory=dict)  # lookups that reused its tokens (kvlab.stores.node_hits)
     last_used: int = 0
+
+    @property
+    def hits(self) -> int:
+        """Lookups that reused at least one of its tokens."""
+        return node_hits.hits(self.served)
 
     @property
     def kv_nbytes(self) -> int:

@@ -53,6 +53,7 @@ from ..policies import KIND_PRIORITY, Unit, store_policy
 from ..primitives.cache_parts import WINDOWED, arrays_of, assemble, fresh_of, parts_of, structure_of
 from ..primitives.snapshots import Snapshot
 from ..primitives.tokens import Tokens, common_prefix_len
+from . import node_hits
 from .base import Capabilities, Match, too_big
 from .budgeted import BudgetedStore
 from .edge_kv import cut, join, nbytes_of
@@ -117,8 +118,9 @@ class SharedRadixStore(BudgetedStore):
         else:
             kind = "prefix" if reuse in last.ends else "lcp"
         tick = next(self._clock)
-        for n in used:
-            n.hits, n.last_used = n.hits + 1, tick
+        for n in used:  # every node that served tokens, the last perhaps only in part
+            n.served = node_hits.credit(n.served, min(n.depth, reuse) - n.start, tick)
+            n.last_used = tick
         snap = join([(n.kv, min(n.depth, reuse) - n.start) for n in used], key.ids[:reuse], self._fingerprint)
         if cp is not None:
             snap = self._with_checkpoint(snap, cp)
@@ -240,7 +242,8 @@ class SharedRadixStore(BudgetedStore):
         tail = Node(next(self._ids), node.edge[m:], head, node.depth, cut(node.kv, m, node.tokens), node.kind,
                     children=node.children)
         for x in (head, tail):
-            x.hits, x.last_used, x.lock = node.hits, node.last_used, node.lock
+            x.last_used, x.lock = node.last_used, node.lock
+        head.served, tail.served = node_hits.split(node.served, m)
         head.ends = {e for e in node.ends if e <= start + m}
         tail.ends = node.ends - head.ends
         head.checkpoints = {p: c for p, c in node.checkpoints.items() if p <= start + m}

@@ -194,6 +194,10 @@ class TieredStore(StoreBase):
             self.log.rows.append(replace(ev, tier="ram"))
         self.log.rows += [replace(ev, tier="disk") for ev in self.disk.drain_events()]
 
+    def frame(self, view: str):
+        """The RAM tier's frames (its capabilities' views): what serves hits first."""
+        return self.ram.frame(view)
+
     def flush(self) -> int:
         """Write everything resident in RAM that is not on disk yet; returns the bytes written.
 

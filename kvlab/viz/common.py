@@ -8,6 +8,7 @@ Example:
 from __future__ import annotations
 
 import html
+import math
 from typing import Sequence
 
 import plotly.graph_objects as go
@@ -15,6 +16,7 @@ import polars as pl
 
 from ..errors import VizError
 from ..primitives.tokens import ROLE_COLOURS, Tokens, tokenizer_of
+from ..primitives.units import fmt_bytes
 
 COLORS = {"hit": "#2ca02c", "miss": "#c7c7c7", "evicted": "#d62728", "diverge": "#d62728",
           "volatile": "#ff7f0e", "budget": "#d62728", "total": "#222222"}
@@ -75,3 +77,18 @@ def empty(title: str, note: str) -> go.Figure:
                       annotations=[dict(text=note, showarrow=False, xref="paper", yref="paper",
                                         x=0.5, y=0.5, font_color="#888")])
     return fig
+
+
+def byte_axis(top: float, count: int = 5) -> dict:
+    """A y-axis from 0 to ``top`` bytes with about ``count`` round ticks labelled in binary units
+    (plotly's own "1.3M" would read as 10**6).
+
+    Example:
+        >>> byte_axis(3 << 20)["ticktext"][:3]
+        ['0 B', '512.0 KiB', '1.0 MiB']
+    """
+    top = max(float(top), 1.0)
+    # the largest power of two giving at least ``count`` ticks: round in KiB, MiB and GiB alike
+    step = 2 ** max(0, math.floor(math.log2(top / (count - 1))))
+    ticks = [k * step for k in range(int(top // step) + 1)]
+    return dict(range=[0, top], tickvals=ticks, ticktext=[fmt_bytes(v) for v in ticks])

@@ -90,7 +90,8 @@ class Inspector:
         self.budget = W.FloatLogSlider(
             value=start, base=10, min=min(-3, math.floor(math.log10(start))),
             max=max(0, math.ceil(math.log10(start)) + 1), step=0.05, description="budget MiB",
-            continuous_update=False, readout_format=".3g", layout=W.Layout(width="420px"))
+            continuous_update=False, readout=False, layout=W.Layout(width="360px"))
+        self.budget_text = W.Label()  # the slider's readout in bytes ("6.0 GiB", not "6.03e+3")
         modes = [("whole entries, LRU (RadixStore)", "entries"),
                  (f"{self.block_size or 16}-token blocks, LRU (PagedStore)", "blocks")]
         self.mode = W.Dropdown(options=modes, value="blocks" if self.block_size else "entries",
@@ -113,7 +114,7 @@ class Inspector:
         ])
         for i, title in enumerate(TABS):
             self.tabs.set_title(i, title)
-        self.widget = W.VBox([self.header, W.HBox([self.budget, self.mode]), self.sim_label,
+        self.widget = W.VBox([self.header, W.HBox([self.budget, self.budget_text, self.mode]), self.sim_label,
                               self.error, self.tabs])
         self.widget.add_class("kvlab-inspector")
 
@@ -184,6 +185,7 @@ class Inspector:
 
     def _draw_budget(self) -> None:
         budget = self._budget_bytes()
+        self.budget_text.value = fmt_bytes(budget)
         self._show("memory", memory_over_time(self.engine.events, budget))
         live = self.engine.stats()
         sim = self.resimulate(budget)

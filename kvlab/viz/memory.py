@@ -13,17 +13,19 @@ import polars as pl
 
 from ..errors import VizError
 from ..primitives.units import fmt_bytes
-from .common import COLORS, as_frame, empty, need
+from .common import COLORS, as_frame, byte_axis, empty, need
 
 # a hybrid or sliding model's checkpoints and window KV are bytes the store holds too
 STORE_EVENTS = {"insert": 1, "block_stored": 1, "evict": -1, "block_removed": -1, "checkpoint_stored": 1,
                 "window_stored": 1, "checkpoint_removed": -1, "window_released": -1}
+FAR = 1.5  # a budget above this many times the peak is text, not a line
 
 
 def memory_over_time(events, budget_bytes: int | None = None, *, by: str = "kind",
                      max_groups: int = 12) -> go.Figure:
     """Store bytes after every insert / evict / block event: stacked by entry kind (or by entry),
-    the total as a line, evictions marked, and the budget as a dashed line.
+    the total as a line, evictions marked, and the budget as a dashed line (as a note when it is
+    more than ``FAR`` times the peak: the axis fits the data, in binary byte units).
 
     ``events``: ``engine.events`` (or the Engine). ``by``: "kind" or "entry".
 
@@ -97,12 +99,21 @@ def memory_over_time(events, budget_bytes: int | None = None, *, by: str = "kind
                              hovertemplate=("%{customdata[1]} entry %{customdata[2]} (%{customdata[3]})"
                                             "<br>request %{customdata[0]} · total after %{y:,} bytes"
                                             "<extra></extra>")))
-    if budget_bytes:
+    # the axis fits the data: a budget far above it is named in words, not drawn as a line that
+    # flattens the data into the floor
+    top = max(max(total), max(max(s) for s in series.values()), 1) * 1.1
+    if budget_bytes and budget_bytes <= top / 1.1 * FAR:
         fig.add_hline(y=budget_bytes, line=dict(dash="dash", color=COLORS["budget"]),
                       annotation_text=f"budget {fmt_bytes(budget_bytes)}",
                       annotation_position="top left")
+        top = max(top, budget_bytes * 1.05)
+    elif budget_bytes:
+        fig.add_annotation(xref="paper", yref="paper", x=0, y=1, xanchor="left", yanchor="top",
+                           showarrow=False, font=dict(color=COLORS["budget"]),
+                           text=f"budget {fmt_bytes(budget_bytes)} ({budget_bytes / (top / 1.1):,.0f}x "
+                                "the peak): far above this axis")
     fig.update_layout(title=f"{title} · now {fmt_bytes(total[-1])} · peak {fmt_bytes(max(total))}"
                       f" · {len(out)} removals", xaxis_title="time since engine start (s)",
-                      yaxis_title="bytes", height=380, margin=dict(t=40, l=60, r=10, b=40),
+                      yaxis=dict(title="bytes held", **byte_axis(top)), height=380, margin=dict(t=40, l=60, r=10, b=40),
                       meta={"budget_bytes": budget_bytes}, legend=dict(orientation="h", y=-0.2))
     return fig

@@ -15,6 +15,9 @@ from ..primitives.tokens import hf_tokenizer
 from ..stores.base import Store
 from .common import as_frame, empty, need, tokenizer_from, visible
 
+NEVER_HIT = "#e6e6e6"  # grey: a node no lookup reused; any hit is blue, darker with more
+HITS_SCALE = [[0.0, NEVER_HIT], [1e-6, "#c6dbef"], [1.0, "#08306b"]]
+
 
 def _tree_frame(x) -> pl.DataFrame:
     if isinstance(x, pl.DataFrame):
@@ -69,7 +72,8 @@ def _positions(ids: list[str], parents: list[str], tokens: list[int]):
 def prefix_tree(store_or_frame, tokenizer=None, color: str = "hits", *, label_chars: int = 24,
                 hover_chars: int = 160) -> go.Figure:
     """The store's prefix tree as an icicle: one box per node, size = its tokens (plus the
-    subtree's), colour = hits or recency, hover = the node's decoded text, bytes and last use.
+    subtree's), colour = hits (``NEVER_HIT`` grey for a node no lookup reused, blue darker with
+    more) or recency, hover = the node's decoded text, bytes and last use.
 
     ``store_or_frame``: a store with ``tree_frame()``, an Engine, or a frame with columns
     ``id, parent, tokens`` (optional ``edge_ids, hits, last_used, bytes, entry, start, depth``).
@@ -127,10 +131,13 @@ def prefix_tree(store_or_frame, tokenizer=None, color: str = "hits", *, label_ch
     if synthetic:
         node_ids.append("root"), parents.append(""), labels.append("root"), values.append(0)
         custom.append(["", 0, 0, 0, 0, "", "", "—"]), shade.append(0)
+    # hits: 0 is grey whatever the most-hit node has, so "never reused" reads at a glance
+    scale = (dict(colorscale=HITS_SCALE, cmin=0, cmax=max(max(shade), 1)) if color == "hits"
+             else dict(colorscale="Viridis"))
     fig = go.Figure(go.Icicle(
         ids=node_ids, parents=parents, labels=labels, values=values, branchvalues="remainder",
-        customdata=custom, marker=dict(colors=shade, colorscale="Blues" if color == "hits" else "Viridis",
-                                       showscale=True, colorbar=dict(title=color, thickness=12)),
+        customdata=custom, marker=dict(colors=shade, showscale=True, colorbar=dict(title=color, thickness=12),
+                                       **scale),
         hovertemplate=("<b>%{label}</b><br>%{customdata[4]} tokens [%{customdata[5]}, %{customdata[6]})"
                        "<br>%{customdata[1]:,} bytes · entry %{customdata[7]}"
                        "<br>hits %{customdata[3]} · last use %{customdata[2]}"

@@ -213,6 +213,40 @@ def _plots(page, kind: str):
     return [p for p in page.evaluate(PLOTS_JS) if p["type"] == kind]
 
 
+SLICES_JS = """() => {
+    const d = Array.from(document.querySelectorAll('.kvlab-inspector .js-plotly-plot'))
+        .find(d => d.data && d.data.length && d.data[0].type === 'icicle');
+    if (!d) return null;
+    const t = d.data[0], kids = {}, fills = {};
+    t.parents.forEach(p => { kids[p] = (kids[p] || 0) + 1; });
+    d.querySelectorAll('g.slice').forEach(g => {
+        const pt = g.__data__, path = g.querySelector('path.surface');
+        if (pt && pt.data && pt.data.data && path) fills[pt.data.data.id] = getComputedStyle(path).fill;
+    });
+    return {shared: t.ids.find(i => kids[i] === 2) || null, fills: fills,
+            hits: Object.fromEntries(t.ids.map((id, k) => [id, t.marker.colors[k]]))};
+}"""
+NEVER_HIT_RGB = "rgb(230, 230, 230)"  # kvlab.viz.tree.NEVER_HIT, as the browser computes it
+
+
+def check_reused_node_coloured_as_hit(page) -> None:
+    """On screen, the icicle paints the node the three requests share (the one with two children)
+    as hit, not in the never-hit grey the unreused tail gets; the root counts no hit (issue 23)."""
+    from kvlab.viz.tree import NEVER_HIT
+
+    assert NEVER_HIT == "#e6e6e6"
+    page.wait_for_function(SLICES_JS.replace("return {shared", "if (!Object.keys(fills).length) return null;"
+                                             " return {shared"), timeout=60_000)
+    seen = page.evaluate(SLICES_JS)
+    shared, fills, hits = seen["shared"], seen["fills"], seen["hits"]
+    assert shared is not None and hits[shared] == 2, seen  # #2 and #3 reused it
+    tails = [i for i in hits if i != shared and i != "0"]
+    assert sorted(hits[i] for i in tails) == [0, 1] and hits["0"] == 0, seen
+    never = next(i for i in tails if hits[i] == 0)
+    assert fills[never] == NEVER_HIT_RGB, seen
+    assert fills[shared] not in ("", NEVER_HIT_RGB) and fills[shared] != fills[never], seen
+
+
 def test_inspector_renders_and_reacts_in_jupyterlab(lab, qwen_tokenizer):
     from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
     from playwright.sync_api import sync_playwright
@@ -269,6 +303,7 @@ def test_inspector_renders_and_reacts_in_jupyterlab(lab, qwen_tokenizer):
             assert tree["visible"] and "nodes" in tree["title"]
             # what it shows, for this known conversation
             assert page.evaluate(ICICLE_JS) == [{"nodes": want["nodes"], "tokens": want["tokens"]}]
+            check_reused_node_coloured_as_hit(page)
             header = page.evaluate(HEADER_JS)
             assert len(header) == 1 and "3 requests" in header[0]
             assert f"token hit {want['token_hit']}" in header[0]

@@ -45,7 +45,7 @@ class EvictsMostRecent(kv.RadixStore):
 
 
 class HitsDoNotRefresh(kv.RadixStore):
-    def _touch(self, entry_id, path):
+    def _touch(self, entry_id, sym, reuse):
         pass
 
 
