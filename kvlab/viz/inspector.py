@@ -32,7 +32,7 @@ from .budget import BudgetReplay
 from .curves import hit_rate_curves
 from .extras import require
 from .memory import memory_over_time
-from .panels import components_of, components_text, misses_figure, sync, table_html, table_rows
+from .panels import components_of, components_text, misses_figure, run_cause, sync, table_html, table_rows
 from .prompt_diff import divergence
 from .tree import prefix_tree
 
@@ -163,7 +163,7 @@ class Inspector:
             self._quiet = False
         self._draw_tree()
         self._rows = table_rows(results)
-        self.table.value = table_html(self._rows)
+        self.table.value = table_html(self._rows, run_cause(results, self.tokenizer))
         self._show("blocks", block_grid(results, self.block_size or 16))
         self._show("misses", misses_figure(results))
         self._draw_divergence()

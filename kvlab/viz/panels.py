@@ -13,7 +13,7 @@ import html
 
 import plotly.graph_objects as go
 
-from ..diagnostics.dominant import request_why
+from ..diagnostics.dominant import dominant_miss, request_why
 from .misses import miss_reasons
 
 COMPONENT_LABELS = {"full": "full KV", "window": "window KV", "recurrent": "recurrent state"}
@@ -53,13 +53,22 @@ def table_rows(results) -> list[list]:
             for r in results]
 
 
-def table_html(rows: list[list]) -> str:
-    """The requests as an HTML table (a plotly Table drawn in a hidden tab loses its text)."""
+def run_cause(results, tokenizer) -> str | None:
+    """The run's dominant miss in one sentence (where, what differs, the fix), or None when no
+    single place holds most missed tokens (``kvlab.diagnostics.dominant_miss``)."""
+    found = dominant_miss(results, tokenizer=tokenizer)
+    return None if found is None else found.sentence("api")
+
+
+def table_html(rows: list[list], cause: str | None = None) -> str:
+    """The requests as an HTML table (a plotly Table drawn in a hidden tab loses its text), under
+    the run's dominant miss when it has one."""
     cell = "padding:2px 8px;border-bottom:1px solid #e5e5e5;text-align:left"
     head = "".join(f"<th style='{cell};background:#f2f2f2'>{html.escape(c)}</th>" for c in TABLE_COLUMNS)
     body = "".join("<tr>" + "".join(f"<td style='{cell}'>{html.escape(str(v))}</td>" for v in row)
                    + "</tr>" for row in rows)
-    return (f"<div style='max-height:360px;overflow:auto'><b>{len(rows)} requests</b>"
+    said = "" if cause is None else f"<p class='kv-cause' style='margin:4px 0'>Why: {html.escape(cause)}</p>"
+    return (f"<div style='max-height:360px;overflow:auto'><b>{len(rows)} requests</b>{said}"
             f"<table class='kv-requests' style='border-collapse:collapse;font-size:12px'>"
             f"<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>")
 

@@ -86,6 +86,10 @@ def test_the_inspector_requests_tab_fills_why(broken):
     # mutant: table_rows back to `r.why or ""` (requests 2 and 3 had an empty why)
     for why in ("diverged 1008 at token 34", "diverged 1184 at token 35"):
         assert f">{why}</td>" in table
+    # mutant: the Inspector without the run's cause (only per-request reasons): no "Why:" line
+    assert ("<p class='kv-cause' style='margin:4px 0'>Why: 2,192 of 3,079 missed tokens (71.2%) diverge at "
+            "token 34 in message 0 (system)") in table
+    assert "Fix: rule billing_header: kv.normalise(messages) before engine.run" in table
 
 
 def test_the_cli_report(capsys):
