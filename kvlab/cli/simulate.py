@@ -12,6 +12,10 @@ _COUNT = {"multi_turn": "turns", "agentic_loop": "turns", "shared_system_prompt"
           "multimodal_mix": "num_requests", "prefix_repetition": "num_prompts"}
 
 
+# prefix_repetition's size flags and their defaults (seed 004's shape); refused on other workloads
+_PREFIX_FLAGS = {"prefix_len": 256, "suffix_len": 256, "num_prefixes": 1, "output_len": 128}
+
+
 def register(sub) -> None:
     from ..sim.simulator import POLICIES
 
@@ -24,12 +28,12 @@ def register(sub) -> None:
     s.add_argument("--sweep", default=None,
                    help="comma-separated capacities in tokens; each row also shows belady's ceiling")
     s.add_argument("--workload", default=None, help="generate a workload instead of reading a trace")
-    s.add_argument("--prefix-len", type=int, default=256)
-    s.add_argument("--suffix-len", type=int, default=256)
+    s.add_argument("--prefix-len", type=int, default=None, help="prefix_repetition only (default 256)")
+    s.add_argument("--suffix-len", type=int, default=None, help="prefix_repetition only (default 256)")
     s.add_argument("--num-prompts", type=int, default=None)
-    s.add_argument("--num-prefixes", type=int, default=1,
-                   help="prefixes (default 1 as in seed 004; vLLM's dataset default is 10)")
-    s.add_argument("--output-len", type=int, default=128)
+    s.add_argument("--num-prefixes", type=int, default=None,
+                   help="prefix_repetition only: prefixes (default 1 as in seed 004; vLLM's dataset default is 10)")
+    s.add_argument("--output-len", type=int, default=None, help="prefix_repetition only (default 128)")
     s.add_argument("--passes", type=int, default=1, help="replay the workload this many times")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--json", action="store_true", help="print JSON")
@@ -42,6 +46,11 @@ def simulate(args) -> int:
 
     if (args.trace is None) == (args.workload is None):
         raise KvlabError("give a trace file or --workload NAME (not both)")
+    if args.trace is not None:
+        flags = [name for name in (*_PREFIX_FLAGS, "num_prompts") if getattr(args, name) is not None]
+        if flags:
+            raise RequestError(f"--{flags[0].replace('_', '-')} does not apply to a trace (its requests "
+                               "are already made); drop it or use --workload prefix_repetition")
     source = args.trace if args.trace is not None else workload_of(args)
     tokenizer = None
     if args.workload is not None and any(r.messages is not None for r in source):
@@ -86,9 +95,14 @@ def workload_of(args):
     if gen is None:
         raise KvlabError(f"unknown workload {args.workload!r}; use one of {sorted(workloads.GENERATORS)}")
     kw = {"seed": args.seed}
+    given = {name: value for name, value in _PREFIX_FLAGS.items() if getattr(args, name) is not None}
     if args.workload == "prefix_repetition":
-        kw.update(prefix_len=args.prefix_len, suffix_len=args.suffix_len, num_prefixes=args.num_prefixes,
-                  output_len=args.output_len)
+        kw.update({name: getattr(args, name) if name in given else default
+                   for name, default in _PREFIX_FLAGS.items()})
+    elif given:
+        flag = "--" + next(iter(given)).replace("_", "-")
+        raise RequestError(f"{flag} does not apply to the {args.workload} workload; it applies to "
+                           "prefix_repetition. Drop it or use --workload prefix_repetition")
     if args.num_prompts is not None:
         if args.workload not in _COUNT:
             raise KvlabError(f"--num-prompts does not apply to {args.workload}")

@@ -315,3 +315,19 @@ def test_cli_sweep_reports_the_belady_ceiling(tmp_path, capsys):
     with pytest.raises(SystemExit):  # argparse: invalid choice
         main(["simulate", str(path), "--policy", "clock"])
     assert "invalid choice: 'clock'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["--workload", "multi_turn", "--prefix-len", "64"], "--prefix-len"),
+    (["--workload", "agentic_loop", "--output-len", "8"], "--output-len"),
+    (["TRACE", "--num-prefixes", "3"], "--num-prefixes"),
+    (["TRACE", "--num-prompts", "3"], "--num-prompts"),
+])
+def test_cli_refuses_flags_the_source_ignores(tmp_path, capsys, argv, flag):
+    # a flag that changes nothing for this source is an error naming it, never silently dropped
+    # (mutant: --prefix-len defaulting to 256 again and read only for prefix_repetition)
+    path = kv.traces.from_requests([list(range(40))], 1, block_size=8).write(tmp_path / "t.jsonl")
+    argv = [str(path) if a == "TRACE" else a for a in argv]
+    assert main(["simulate", *argv]) != 0
+    err = capsys.readouterr().err
+    assert f"{flag} does not apply to" in err and "prefix_repetition" in err
