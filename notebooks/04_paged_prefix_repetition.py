@@ -174,8 +174,8 @@ names = {"ttft_p50_ms": "TTFT p50", "throughput_tok_s": "throughput"}
 warm_share = engine_on["token_hit_rate"][-1]
 # share of each request's time spent after its first token (decoding), cache on
 decoding = 1 - (engine_on["ttft_mean_ms"] * num_prompts / (engine_on["wall_s"] * 1e3)).mean()
-reasons = {"ttft_p50_ms": "the seed's TTFT included queueing behind 50 concurrent prefills, which the cache also "
-                          "shortens; kvlab's engine runs one request at a time",
+reasons = {"ttft_p50_ms": "the seed's `vllm bench serve` sent all 50 requests at once, so its TTFT included queueing "
+                          "behind other prefills, which the cache also shortens; kvlab's engine runs one request at a time",
            "throughput_tok_s": f"throughput counts decoding, which a prefix cache does not shorten: with the cache on, "
                                f"decoding {output_len} tokens took {decoding:.0%} of each request's time here"}
 finding = (f"**Cache {'on' if on_wins else 'off'} wins** on {m.name}: with the paged prefix cache on, median TTFT p50 "
