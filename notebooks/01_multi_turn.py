@@ -15,7 +15,8 @@
 # %% [markdown]
 # # 01 · Multi-turn chat: prompt-only vs prompt + output keys (seed 001)
 #
-# Seed 001 (vllm-mlx#3) made prefix caching work across chat turns by keying the cache on the whole
+# Which key lets the next chat turn reuse the most: the prompt alone, or prompt + output? And does
+# seed 001's published speedup reproduce? Seed 001 (vllm-mlx#3) made prefix caching work across chat turns by keying the cache on the whole
 # sequence, prompt **and** generated output: the next turn's prompt contains the previous answer, so
 # a prompt-only key stops at the end of the previous prompt. Here the model's own answers feed the
 # history, once with each keying, and we count the tokens each turn reuses.
@@ -37,6 +38,10 @@ seed = 0
 system_tokens = 64
 user_tokens = 40
 results_path = None              # None: a fresh runs/<notebook>-<timestamp>/results.parquet
+
+# %%
+# seed 001's published multi-turn timing (vllm-mlx#3, a 298 -> 342-token turn), before and after the fix, seconds
+SEED_TURN_S = (3.45, 1.75)
 
 # %%
 m = kv.load(model)
@@ -86,8 +91,9 @@ try:
 
     fig = go.Figure([go.Bar(name=k, x=g["turn"].to_list(), y=g["reused_tokens"].to_list())
                      for (k,), g in turns_frame.group_by("keying", maintain_order=True)])
-    fig.update_layout(barmode="group", title="tokens reused per turn", xaxis_title="turn",
-                      yaxis_title="reused tokens", height=320)
+    fig.update_layout(barmode="group", title=f"tokens reused per turn on {m.name}, by what the cache is keyed on",
+                      xaxis_title="chat turn", yaxis_title="tokens reused from the cache", legend_title="keying",
+                      height=320)
 except ImportError:
     fig = "plotly is not installed"
 fig
@@ -118,13 +124,35 @@ results = kv.runner.save_results(results, results_path, "01_multi_turn")
 
 # %%
 later = results.filter((pl.col("scenario") == "turn") & (pl.col("turn") > 1))
-reused = {k: (g["reused_tokens"].sum(), g["prompt_tokens"].sum()) for (k,), g in later.group_by("keying")}
-(po, po_total), (pr, pr_total) = reused.get("prompt+output", (0, 0)), reused.get("prompt", (0, 0))
+by = {r["keying"]: r for r in later.group_by("keying").agg(
+    pl.col("reused_tokens").sum(), pl.col("prompt_tokens").sum(), pl.col("prefilled_tokens").sum(),
+    pl.col("ttft_ms").median(), pl.col("drift_index").is_not_null().sum().alias("drifted")).iter_rows(named=True)}
+po, pr = by["prompt+output"], by["prompt"]
 rep = results.filter(pl.col("scenario") == "repeat").row(0, named=True)
 later_turns = "turn 2" if turns == 2 else f"turns 2-{turns}"
-finding = (f"Over {later_turns} on {m.name}, prompt + output keys reused {po} of {po_total} prompt tokens "
-           f"({po / max(1, po_total):.0%}) and prompt-only keys {pr} of {pr_total} ({pr / max(1, pr_total):.0%}): "
-           f"the {po - pr} tokens between them are the previous answers, which only prompt + output keys "
-           f"cover. An exact repeat of {rep['prompt_tokens']} tokens reused {rep['reused_tokens']}: the last "
-           f"token is always recomputed.")
+speedup = pr["ttft_ms"] / po["ttft_ms"]
+seed_speedup = SEED_TURN_S[0] / SEED_TURN_S[1]
+if po["reused_tokens"] == pr["reused_tokens"]:
+    verdict = "**Neither keying wins**"
+else:
+    verdict = f"**Key on {'prompt + output' if po['reused_tokens'] > pr['reused_tokens'] else 'the prompt alone'}**"
+finding = (f"{verdict}: over {later_turns} on {m.name}, prompt + output keys reused {po['reused_tokens']} of "
+           f"{po['prompt_tokens']} prompt tokens ({po['reused_tokens'] / max(1, po['prompt_tokens']):.0%}) and prompt-only "
+           f"keys {pr['reused_tokens']} of {pr['prompt_tokens']} ({pr['reused_tokens'] / max(1, pr['prompt_tokens']):.0%}): "
+           f"{abs(po['reused_tokens'] - pr['reused_tokens'])} tokens "
+           + ("more with prompt + output keys, the previous answers, which a prompt-only key cannot cover"
+              if po["reused_tokens"] > pr["reused_tokens"] else "between them")
+           + (f"; the re-rendered history drifted from the cached prompt + output on {po['drifted']} turns" if po["drifted"] else "")
+           + f". Prompt + output keys prefilled {po['prefilled_tokens']} tokens instead of {pr['prefilled_tokens']}, and "
+           f"the median TTFT of those turns was {po['ttft_ms']:.1f} ms against {pr['ttft_ms']:.1f} ms "
+           f"({speedup:.2f}x {'faster' if speedup > 1 else 'slower'}).\n\n"
+           f"Seed 001's multi-turn speedup ({SEED_TURN_S[0]:.2f} s -> {SEED_TURN_S[1]:.2f} s, {seed_speedup:.1f}x) "
+           + ("reproduces here." if speedup >= seed_speedup else
+              f"does not reproduce here ({speedup:.2f}x): the seed's 'before' had no working reuse at all, while here "
+              f"prompt-only keys already reuse {pr['reused_tokens'] / max(1, pr['prompt_tokens']):.0%} of each prompt, so "
+              f"only the previous answers (at most {max_tokens} tokens a turn) separate the two keyings.")
+           + f" An exact repeat of {rep['prompt_tokens']} tokens reused {rep['reused_tokens']}: "
+           + ("the last token is always recomputed, as seed 001's first fix requires."
+              if rep["reused_tokens"] == rep["prompt_tokens"] - 1 else
+              f"not the {rep['prompt_tokens'] - 1} (all but the last token) seed 001's first fix requires."))
 Markdown(finding)

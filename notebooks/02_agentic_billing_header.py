@@ -15,8 +15,9 @@
 # %% [markdown]
 # # 02 · Agentic loop: the billing header that breaks reuse (seed 002)
 #
-# Seed 002 (vllm-mlx#90) added prompt caching for agent loops, where successive requests share
-# 90-99% of their prompt. A per-request header line at the top of the system prompt,
+# Should a server strip the billing header before it looks up its prefix cache, and does seed 002's
+# published reuse reproduce? Seed 002 (vllm-mlx#90) added prompt caching for agent loops, where
+# successive requests share 90-99% of their prompt. A per-request header line at the top of the system prompt,
 # `x-anthropic-billing-header: ...; cch=<hash>;`, changes every request and cuts the shared prefix
 # to a few dozen tokens. Here: where the prompts diverge, how much each request reuses with and
 # without `kv.normalise` (which strips the header), in kvlab's RadixStore and in mlx-lm's own
@@ -40,6 +41,19 @@ max_tokens = 8
 seed = 0
 stores = ["radix", "mlx-lru"]
 results_path = None              # None: a fresh runs/<notebook>-<timestamp>/results.parquet
+
+# %%
+# seed 002's published run (Claude Code on vllm-mlx, header stripped): (tokens reused, prompt tokens) per round,
+# and where the prompts diverged with the header left in ("token ~33"; tokenizer-dependent, so within 10 tokens)
+SEED_ROUNDS = [(0, 28_457), (28_457, 29_485), (29_485, 29_650), (29_650, 29_738)]
+SEED_DIVERGENCE, DIVERGENCE_SLACK = 33, 10
+SEED_EVAL_S = (27.0, 1.8)  # prompt eval of a 28K-token prompt, header in vs stripped (seconds, M4 Max)
+
+
+def span_of(lo, hi, fmt=".0%"):
+    """'88%' when both ends print alike, else '85%-91%'."""
+    a, b = format(lo, fmt), format(hi, fmt)
+    return a if a == b else f"{a}-{b}"
 
 # %%
 m = kv.load(model)
@@ -111,8 +125,15 @@ summary = (replay.filter(pl.col("step") > 1).group_by("store", "mode", maintain_
            .with_columns((pl.col("reused_tokens") / pl.col("prompt_tokens")).alias("token_hit_rate")))
 summary
 
-# %% [markdown]
-# Without normalisation every request after the first reuses only the tokens before `cch=`, inside the system message; with the header stripped each request reuses the whole previous prompt.
+# %%
+raw_later = replay.filter((pl.col("step") > 1) & (pl.col("mode") == "raw"))
+norm_later = replay.filter((pl.col("step") > 1) & (pl.col("mode") == "normalised"))
+inside = (raw_later["reused_tokens"] <= raw_later["diverge_token"]).sum()
+Markdown(f"As sent, requests after the first reused at most {raw_later['reused_tokens'].max()} tokens: {inside} of "
+         f"{raw_later.height} stopped at or before the divergence (token {raw_later['diverge_token'].min()}, in the "
+         f"{', '.join(sorted(set(raw_later['diverge_role'])))} message, which ends at token {raw_later['system_end'].max()}). "
+         f"With the header stripped each reused {span_of(norm_later['reuse_ratio'].min(), norm_later['reuse_ratio'].max())} "
+         f"of its prompt.")
 
 # %% [markdown]
 # ## Results
@@ -127,16 +148,45 @@ results = kv.runner.save_results(results, results_path, "02_agentic_billing_head
 
 # %%
 later = results.filter(pl.col("step") > 1)
-
-
-def share(store, mode):
-    f = later.filter((pl.col("store") == store) & (pl.col("mode") == mode))
-    return f["reused_tokens"].sum() / max(1, f["prompt_tokens"].sum())
-
-
-finding = (f"On {m.name}, two consecutive requests of the agent loop first differ at token "
-           f"{results['first_divergence_raw'][0]} (in the {d_raw.role} message, at the billing header's "
-           f"`cch=`). Over {'request 2' if turns == 2 else f'requests 2-{turns}'}, " + "; ".join(
-               f"{store} reused {share(store, 'raw'):.0%} of prompt tokens as sent and "
-               f"{share(store, 'normalised'):.0%} with the header stripped" for store in stores) + ".")
+table = (later.group_by("store", "mode", maintain_order=True)
+         .agg(pl.col("reused_tokens").sum(), pl.col("prompt_tokens").sum(), pl.col("reuse_ratio").min().alias("lowest"),
+              pl.col("ttft_ms").median())
+         .with_columns((pl.col("reused_tokens") / pl.col("prompt_tokens")).alias("share")))
+share = {(r["store"], r["mode"]): r["share"] for r in table.iter_rows(named=True)}
+ttft = {(r["store"], r["mode"]): r["ttft_ms"] for r in table.iter_rows(named=True)}
+helps = [s_ for s_ in stores if share[s_, "normalised"] > share[s_, "raw"]]
+diverge_at = results["first_divergence_raw"][0]
+lowest = later.filter(pl.col("mode") == "normalised")["reuse_ratio"].min()
+seed_lowest = min(r / n for r, n in SEED_ROUNDS[1:])
+seed_new = [(n - p) / n for (_, p), (_, n) in zip(SEED_ROUNDS, SEED_ROUNDS[1:])]
+steps = results.filter((pl.col("store") == stores[0]) & (pl.col("mode") == "normalised")).sort("step")
+new = (steps["prompt_tokens"].diff().drop_nulls() / steps["prompt_tokens"].slice(1)).to_list()
+span = "request 2" if turns == 2 else f"requests 2-{turns}"
+finding = ((f"**Strip the billing header**: with `kv.normalise` " if len(helps) == len(stores) else
+            f"**Stripping the header helps {' and '.join(helps) or 'no store'}**: with `kv.normalise` ")
+           + ", ".join(f"{s_} reused {share[s_, 'normalised']:.0%} of the prompt tokens of {span} against "
+                       f"{share[s_, 'raw']:.0%} as sent" for s_ in stores)
+           + f". As sent, consecutive requests first differ at token {diverge_at}, in the {d_raw.role} message "
+           f"(the header's `cch=`), on {m.name}.\n\n"
+           f"Seed 002's divergence at token ~{SEED_DIVERGENCE} "
+           + (f"reproduces (here {diverge_at})" if abs(diverge_at - SEED_DIVERGENCE) <= DIVERGENCE_SLACK
+              else f"does not reproduce (here {diverge_at}, {diverge_at - SEED_DIVERGENCE:+d} tokens)")
+           + f"; its {seed_lowest:.1%}-{max(r / n for r, n in SEED_ROUNDS[1:]):.1%} reuse per request once stripped "
+           + (f"reproduces: every request here reuses at least {lowest:.1%}." if lowest >= seed_lowest else
+              f"does not: the lowest request here reuses {lowest:.1%}, because each step adds "
+              f"{span_of(min(new), max(new))} new tokens to a prompt of {steps['prompt_tokens'].mean():,.0f} tokens"
+              + (f" (its system part shrunk to {results['system_tokens_run'][0]:,} tokens from {system_tokens:,} to fit "
+                 f"{m.name}'s context)" if results["system_tokens_run"][0] != system_tokens else "")
+              + f", against {span_of(min(seed_new), max(seed_new), '.1%')} of the seed's ~29,000-token prompts; "
+              f"a request can reuse at most what it shares with the one before.")
+           + f" Seed 002's prompt eval fell from ~{SEED_EVAL_S[0]:.0f} s to ~{SEED_EVAL_S[1]:.1f} s "
+           f"({SEED_EVAL_S[0] / SEED_EVAL_S[1]:.0f}x) once stripped; here {stores[0]}'s median TTFT "
+           + (f"fell from {ttft[stores[0], 'raw']:.1f} ms to {ttft[stores[0], 'normalised']:.1f} ms "
+              f"({ttft[stores[0], 'raw'] / ttft[stores[0], 'normalised']:.1f}x)"
+              if ttft[stores[0], "normalised"] < ttft[stores[0], "raw"] else
+              f"did not fall ({ttft[stores[0], 'raw']:.1f} ms as sent, {ttft[stores[0], 'normalised']:.1f} ms stripped)")
+           + f" on {m.name}, measured on this machine."
+           + "\n\n| store | as sent | stripped | median TTFT as sent / stripped |\n|---|---|---|---|\n"
+           + "".join(f"| {s_} | {share[s_, 'raw']:.0%} | {share[s_, 'normalised']:.0%} | "
+                     + f"{ttft[s_, 'raw']:.1f} / {ttft[s_, 'normalised']:.1f} ms |\n" for s_ in stores))
 Markdown(finding)
