@@ -58,6 +58,7 @@ class PeerServer:
     log_path: Path
     home: Path | None = None
     args: tuple = ()
+    settings: dict = field(default_factory=dict)  # what the server runs with, as it reports them
     stopped_log: str | None = field(default=None, repr=False)
 
     @property
@@ -79,7 +80,8 @@ class PeerServer:
         return "\n".join(text.splitlines()[-tail:]) if tail else text
 
     def cache_stats(self) -> dict | None:
-        """vllm-mlx's ``GET /v1/cache/stats`` (None for servers without it)."""
+        """``GET /v1/cache/stats``: vllm-mlx's counters, or mlx-vlm's APC statistics (None for
+        servers without the route)."""
         import json
 
         try:
@@ -167,7 +169,7 @@ def start_vllm_mlx(model="tiny", mode: str = "batched", *, port: int | None = No
     # concurrent requests to simple mode wait for the lock instead of getting 503s
     env.update(HOME=str(home), HF_HUB_OFFLINE="1", VLLM_MLX_SIMPLE_ENGINE_LOCK_ADMISSION="wait")
     cmd = [str(venv / "bin" / "vllm-mlx"), *args, *map(str, extra_args)]
-    return _launch("vllm-mlx", mode if prefix_cache else f"{mode}, no prefix cache", folder, port,
+    return launch("vllm-mlx", mode if prefix_cache else f"{mode}, no prefix cache", folder, port,
                    cmd, env, home, timeout)
 
 
@@ -198,7 +200,7 @@ def start_mlx_lm(model="tiny", *, port: int | None = None, prompt_cache_size: in
     env.update(HF_HUB_OFFLINE="1", HF_HUB_CACHE=str(hub))
     cmd = [sys.executable, "-m", "mlx_lm.server", *args, *map(str, extra_args)]
     mode = "lru" if prompt_cache_size > 0 else "no prompt cache"
-    return _launch("mlx_lm.server", mode, folder, port, cmd, env, None, timeout)
+    return launch("mlx_lm.server", mode, folder, port, cmd, env, None, timeout)
 
 
 def start_kvlab_serve(model="tiny", store: str = "radix", *, budget=None, port: int | None = None,
@@ -223,7 +225,7 @@ def start_kvlab_serve(model="tiny", store: str = "radix", *, budget=None, port: 
     root = str(Path(__file__).resolve().parents[2])  # the child imports this same kvlab
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
     cmd = [sys.executable, "-m", "kvlab.cli", *args, *map(str, extra_args)]
-    return _launch("kvlab serve", store, Path(name), port, cmd, env, None, timeout)
+    return launch("kvlab serve", store, Path(name), port, cmd, env, None, timeout)
 
 
 def start_kvlab_proxy(upstream: str, *, tokenizer=None, port: int | None = None,
@@ -242,7 +244,7 @@ def start_kvlab_proxy(upstream: str, *, tokenizer=None, port: int | None = None,
     root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
     cmd = [sys.executable, "-m", "kvlab.cli", *args]
-    return _launch("kvlab proxy", upstream, Path(root), port, cmd, env, None, timeout)
+    return launch("kvlab proxy", upstream, Path(root), port, cmd, env, None, timeout)
 
 
 def live() -> list[PeerServer]:
@@ -279,7 +281,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _launch(name, mode, folder, port, cmd, env, home, timeout) -> PeerServer:
+def launch(name, mode, folder, port, cmd, env, home, timeout) -> PeerServer:
+    """Start ``cmd`` in its own process group (stdout and stderr to a log) and wait until
+    ``/health`` on 127.0.0.1:``port`` answers 200; a PeerError with the log's tail if it exits or
+    times out first."""
     logdir = Path(tempfile.mkdtemp(prefix=f"kvlab-{name}-log-"))
     log_path = logdir / "server.log"
     with open(log_path, "wb") as log:
