@@ -165,24 +165,14 @@ def peer(args) -> int:
         return 0
     if args.apc and args.server != "mlx-vlm":
         raise KvlabError("--apc applies to mlx-vlm only (its Automatic Prefix Caching settings)")
-    if args.server == "mlx-vlm":
-        from ..serving.peers_vlm import start_mlx_vlm
-
-        server = start_mlx_vlm(args.model or "tiny-vlm", not args.no_prefix_cache, port=args.port,
-                               disk=args.apc_disk, **_apc_settings(args.apc))
-        print(f"kvlab: APC settings {server.settings.get('reported', {})}", flush=True)
-    elif args.server == "vllm-mlx":
-        server = peers.start_vllm_mlx(args.model or "smollm2", args.mode, port=args.port,
-                                      prefix_cache=not args.no_prefix_cache)
-    else:
-        server = peers.start_mlx_lm(args.model or "smollm2", port=args.port,
-                                    prompt_cache_size=0 if args.no_prefix_cache else 10)
 
     def _term(signum, frame):
         raise KeyboardInterrupt
 
+    # SIGTERM while the server is still starting must stop it too: handled from here on
     previous = signal.signal(signal.SIGTERM, _term)
     try:
+        server = _start(args)
         print(f"kvlab: {server!r}\nkvlab: serving at {server.url} (Ctrl-C stops it)", flush=True)
         while server.running:
             time.sleep(0.5)
@@ -191,8 +181,26 @@ def peer(args) -> int:
     except KeyboardInterrupt:
         return 0
     finally:
-        server.stop()
+        for server in peers.live():  # this command's one server, started or half-started
+            server.stop()
         signal.signal(signal.SIGTERM, previous)
+
+
+def _start(args):
+    from ..serving import peers
+
+    if args.server == "mlx-vlm":
+        from ..serving.peers_vlm import start_mlx_vlm
+
+        server = start_mlx_vlm(args.model or "tiny-vlm", not args.no_prefix_cache, port=args.port,
+                               disk=args.apc_disk, **_apc_settings(args.apc))
+        print(f"kvlab: APC settings {server.settings.get('reported', {})}", flush=True)
+        return server
+    if args.server == "vllm-mlx":
+        return peers.start_vllm_mlx(args.model or "smollm2", args.mode, port=args.port,
+                                    prefix_cache=not args.no_prefix_cache)
+    return peers.start_mlx_lm(args.model or "smollm2", port=args.port,
+                              prompt_cache_size=0 if args.no_prefix_cache else 10)
 
 
 def _apc_settings(pairs) -> dict:
