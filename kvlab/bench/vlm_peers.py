@@ -56,15 +56,28 @@ def start_arm(arm: str, model: str, store: str):
 
 def run_arm(arm: str, model: str, traffic: str, *, store: str, num_requests: int, output_len: int,
             seed: int = 0) -> dict:
-    """One arm's figures on a fresh server: TTFT p50/p99, reused tokens, bytes held."""
+    """One arm's figures on a fresh server (see :func:`measure`)."""
+    with start_arm(arm, model, store) as srv:
+        return measure(srv.url, f"{arm} {traffic}", traffic, num_requests=num_requests, output_len=output_len,
+                       seed=seed)
+
+
+def measure(url: str, label: str, traffic: str, *, num_requests: int, output_len: int, seed: int = 0) -> dict:
+    """The multimodal load (``traffic``) on the server at ``url``, one request at a time: TTFT
+    p50/p99, reused tokens (usage), APC's matched and restored tokens (None without APC), prompt
+    tokens and the bytes the cache holds at the end.
+
+    Example:
+        >>> measure(srv.url, "APC mixed", "mixed", num_requests=6, output_len=4)["restored_tokens"]
+        128
+    """
     from ..serving.loadgen import generate_load
 
-    with start_arm(arm, model, store) as srv:
-        r = generate_load(srv.url, "multimodal", concurrency=1, num_requests=num_requests, traffic=traffic,
-                          output_len=output_len, seed=seed, progress=False, label=f"{arm} {traffic}")
+    r = generate_load(url, "multimodal", concurrency=1, num_requests=num_requests, traffic=traffic,
+                      output_len=output_len, seed=seed, progress=False, label=label)
     failed = r.frame.filter(~r.frame["ok"])
     if failed.height:
-        raise PeerError(f"{arm} on {model} failed {failed.height} of {r.frame.height} {traffic} requests; "
+        raise PeerError(f"{label} at {url} failed {failed.height} of {r.frame.height} {traffic} requests; "
                         f"first: {failed['error'][0]}")
     s, delta = r.summary, r.server_delta()
     after = r.server_after

@@ -32,6 +32,7 @@ pytest.importorskip("mlx_vlm")
 import httpx  # noqa: E402
 
 import kvlab as kv  # noqa: E402
+from kvlab.bench.vlm_peers import measure  # noqa: E402
 from kvlab.serving.apc_audit import apc_block_rules, audit_apc  # noqa: E402
 from kvlab.serving.peers_vlm import start_mlx_vlm  # noqa: E402
 from kvlab.serving.sessions import sessions_for  # noqa: E402
@@ -136,6 +137,23 @@ def test_image_load_reaches_the_server_as_images(servers, vlm):
     assert d["/v1/cache/stats:matched_tokens"] == sum(x["matched"] for x in rules) == 208
     assert d["/v1/cache/stats:restored_tokens"] == sum(x["reused"] for x in rules) == 128
     assert r.frame["reused_tokens"].to_list() == [x["reused"] for x in rules] == [0, 0, 64, 0, 64, 0]
+
+
+def test_bench_arms_apc_on_and_off_on_mixed_traffic(servers):
+    """The vlm_peers bench section's figures for its two APC arms (the kvlab serve arm needs a
+    kvlab serve that takes VLMs). A block of the tiny VLM's KV is 4 layers x (K, V) x 2 heads x
+    16 dims x 16 tokens x 4 bytes = 16 KiB; the warm-up request ("Hi") stores one block and the six
+    requests 17 more (272 stored tokens)."""
+    on, off = servers
+    _reset(on)
+    apc = measure(on.url, "APC mixed", "mixed", num_requests=6, output_len=4)
+    assert (apc["prompt_tokens"], apc["reused_tokens"], apc["matched_tokens"], apc["restored_tokens"]) == (
+        527, 128, 208, 128)
+    assert apc["bytes_held"] == 18 * 4 * 2 * 2 * 16 * 16 * 4 == 294912
+    plain = measure(off["url"], "APC off mixed", "mixed", num_requests=6, output_len=4)
+    assert (plain["prompt_tokens"], plain["reused_tokens"], plain["matched_tokens"], plain["bytes_held"]) == (
+        527, 0, None, 0)
+    assert apc["ttft_ms_p50"] > 0 and plain["ttft_ms_p99"] >= plain["ttft_ms_p50"] > 0
 
 
 def test_kvlab_peer_stops_its_server_on_sigterm(servers):
