@@ -31,7 +31,7 @@ import polars as pl
 
 from ..errors import KvlabError
 from ..primitives.display import summary_html, table_html
-from .peers import PeerServer
+from .peer_server import PeerServer
 from .sessions import openai_images
 
 STEPS = ("text", "text-repeat", "image-a", "image-a-repeat", "image-b")

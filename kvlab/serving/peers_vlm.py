@@ -31,7 +31,7 @@ from pathlib import Path
 
 from .._blas import env_with_fast_blas
 from .peer_venv import PeerError
-from .peers import PeerServer, free_port, launch
+from .peer_server import PeerServer, free_port, launch
 
 # APC settings mlx-vlm 0.7.10 reads, by keyword (its server's names without ``apc_``); the first
 # group is reported back by ``/v1/settings``, the second is read from the environment only
