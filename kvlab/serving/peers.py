@@ -20,6 +20,7 @@ Example:
 from __future__ import annotations
 
 import os
+import subprocess  # noqa: F401  (kept: callers patch peers.subprocess.run around ensure_peers_venv)
 import sys
 import tempfile
 from pathlib import Path
