@@ -132,6 +132,10 @@ class ApcAudit:
                 out.append(f"{s}: the APC-on answer differs from the APC-off answer (greedy)")
             if r["restored_tokens"] > 0:
                 out.append(f"{s}: APC reused {r['restored_tokens']} tokens")
+            if r["other_image_same_ids"] and r["restored_tokens"] <= r["reusable_tokens"]:
+                out.append(f"{s}: same token ids as an earlier request with another image, and APC reused "
+                           f"{r['restored_tokens']} tokens, none past the image: it never replays the "
+                           "wrong image's KV (pitfall 2)")
         return out
 
     def __repr__(self) -> str:
@@ -187,6 +191,7 @@ def audit_apc(on, off=None, vlm="tiny-vlm", *, sequence=None, max_tokens: int = 
             if urls["off"]:
                 row["reply_off"] = _chat(http, urls["off"], models["off"], messages, max_tokens)[0]
                 row["same_reply"] = row["reply_off"] == reply
+            row["other_image_same_ids"] = any(ids == list(toks.ids) and imgs != images for ids, imgs in seen)
             rows.append(row)
             seen.append((list(toks.ids), images))
             plan.append((tuple(toks.ids), tuple(h for h, _ in images)))

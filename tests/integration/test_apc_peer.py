@@ -117,6 +117,9 @@ def test_audit_reports_hits_it_does_not_reuse_and_answers_match_apc_off(servers,
     assert bad["step"].to_list() == ["image-a-repeat"]
     assert (bad["matched_tokens"][0], bad["restored_tokens"][0], bad["cached_tokens"][0]) == (80, 0, 0)
     assert col("same_reply") == [True] * 5 and all(col("reply"))
+    assert col("other_image_same_ids") == [False, False, False, False, True]
+    assert "image-b: same token ids as an earlier request with another image, and APC reused 0 tokens, none " \
+           "past the image: it never replays the wrong image's KV (pitfall 2)" in audit.findings()
     said = [x for x in audit.findings() if x.startswith("image-a-repeat: APC's stats count")]
     assert said == ["image-a-repeat: APC's stats count a hit of 80 matched tokens but it restored 0 (usage "
                     "cached_tokens 0): its matched_tokens and token_hit_rate count tokens it did not reuse"]

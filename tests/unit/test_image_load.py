@@ -138,8 +138,27 @@ def test_apc_audit_repr_and_disagreements():
 
     rows = [{"step": "a", "prompt_tokens": 10, "prompt_tokens_kvlab": 10, "reusable_tokens": 9, "lookups_hit": 1,
              "lookups_miss": 0, "matched_tokens": 8, "restored_tokens": 0, "stored_tokens": 0, "cached_tokens": 0,
-             "apc_matched": 8, "apc_hit": True, "apc_reused": 0, "apc_stored": 0, "same_reply": True}]
+             "apc_matched": 8, "apc_hit": True, "apc_reused": 0, "apc_stored": 0, "same_reply": True,
+             "other_image_same_ids": False}]
     audit = ApcAudit(pl.DataFrame(rows), {"apc_block_size": 8})
     assert repr(audit) == "ApcAudit(1 steps, 1 disagreeing, block_size=8)"
     assert "<table" in audit._repr_html_() and "restored 0" in audit._repr_html_()
     assert audit.findings()[0].startswith("a: APC's stats count a hit of 8 matched tokens but it restored 0")
+
+
+def test_vlm_folder_names_and_refusals(tmp_path):
+    from kvlab.serving.peers_vlm import vlm_folder
+    from kvlab.vlm import ensure_tiny_vlm
+
+    assert vlm_folder("tiny-vlm") == vlm_folder("tiny-vlm:qwen2_vl") == vlm_folder("tiny") == ensure_tiny_vlm()
+    with pytest.raises(PeerError, match=r"'tiny-vlm:mamba': no tiny mamba VLM is built by this kvlab "
+                                        r"\(it builds qwen2_vl\)"):
+        vlm_folder("tiny-vlm:mamba")
+    with pytest.raises(PeerError, match="neither tiny-vlm\\[:<model_type>\\] nor an mlx-vlm folder"):
+        vlm_folder(tmp_path)
+
+
+def test_an_image_turn_says_how_many_images_it_sends():
+    turn = sessions_for("multimodal", users=2, max_tokens=3)[1].turns[0]
+    assert repr(turn) == "Turn('image-2-a' chat messages=2 images=1 max_tokens=3)"
+    assert "images=1" in turn._repr_html_()
