@@ -162,3 +162,17 @@ def test_an_image_turn_says_how_many_images_it_sends():
     turn = sessions_for("multimodal", users=2, max_tokens=3)[1].turns[0]
     assert repr(turn) == "Turn('image-2-a' chat messages=2 images=1 max_tokens=3)"
     assert "images=1" in turn._repr_html_()
+
+
+def test_kvlab_load_multimodal_flags_are_checked_before_anything_is_sent(capsys):
+    from kvlab.cli import main
+
+    base = ["loadgen", "http://127.0.0.1:9", "--concurrency", "1", "--num-requests", "1", "--no-progress",
+            "--workload", "multimodal"]
+    assert main([*base, "--traffic", "text", "--turns", "2"]) == 2
+    assert capsys.readouterr().err.startswith(
+        "kvlab: error: --turns does not apply to the multimodal workload; it applies to multi_turn, agentic_loop.")
+    assert main(["loadgen", "http://127.0.0.1:9", "--concurrency", "1", "--num-requests", "1", "--no-progress",
+                 "--workload", "multi_turn", "--distinct-images", "3"]) == 2
+    assert capsys.readouterr().err == ("kvlab: error: --distinct-images is not a parameter of the multi_turn "
+                                       "workload; it takes turns, system_tokens, user_tokens, reply_tokens, max_tokens\n")
