@@ -38,8 +38,10 @@ from .peer_server import PeerServer, free_port, launch
 REPORTED = ("block_size", "num_blocks", "disk_max_gb", "memory_max_gb", "memory_reserve_gb",
             "disk_queue_max_gb", "disk_shard_max_blocks", "checkpoint_entries",
             "checkpoint_interval_tokens", "checkpoint_guard_tokens")
-ENV_ONLY = ("exact_min_tokens", "hash", "default_tenant", "max_pool_tensors",
-            "layer_major_memory_min_tokens", "disk_min_free_ram_gb")
+# mlx-vlm 0.7.10's defaults of the environment-only ones (read from mlx_vlm/apc.py and server/app.py)
+ENV_ONLY_DEFAULTS = {"exact_min_tokens": 16, "hash": "fast", "default_tenant": None, "max_pool_tensors": 450000,
+                     "layer_major_memory_min_tokens": 50000, "disk_min_free_ram_gb": 2.0}
+ENV_ONLY = tuple(ENV_ONLY_DEFAULTS)
 TINY_VLMS = ("qwen2_vl",)  # "tiny-vlm:<model_type>" this branch can build
 
 
@@ -98,7 +100,8 @@ def start_mlx_vlm(model="tiny-vlm", apc: bool = True, *, port: int | None = None
     """Start mlx-vlm's server (``python -m mlx_vlm.server``, kvlab's environment) on loopback with
     APC on (``apc=False``: off) and ``settings`` as its ``APC_*`` variables; ``disk=True`` keeps
     APC's SSD tier (in the run's fresh cache home). ``server.settings`` holds the variables set
-    (``env``) and every ``apc_*`` value the server reports (``reported``). Stopped by pid.
+    (``env``), every ``apc_*`` value the server reports (``reported``) and every value in effect
+(``in_effect``: those, the environment-only ones and the resolved byte budget). Stopped by pid.
 
     Example:
         >>> srv = start_mlx_vlm("tiny-vlm", block_size=16); srv.settings["reported"]["apc_block_size"]
@@ -124,8 +127,20 @@ def start_mlx_vlm(model="tiny-vlm", apc: bool = True, *, port: int | None = None
     except PeerError:
         server.stop()
         raise
-    server.settings.update(env=apc_vars, reported=reported)
+    server.settings.update(env=apc_vars, reported=reported, in_effect=in_effect(reported, settings, server))
     return server
+
+
+def in_effect(reported: dict, settings: dict, server: PeerServer) -> dict:
+    """Every APC value the server runs with: what ``/v1/settings`` reports, the environment-only
+    ones (as set, else mlx-vlm's default), and the byte budget it resolved (``memory_max_bytes``
+    from ``/v1/cache/stats``: ``apc_memory_max_gb`` None means automatic)."""
+    out = {k.removeprefix("apc_"): v for k, v in reported.items()}
+    out.update({k: settings.get(k, d) for k, d in ENV_ONLY_DEFAULTS.items()})
+    stats = server.cache_stats() or {}
+    if stats.get("enabled"):
+        out["memory_max_bytes"] = stats.get("memory_max_bytes")
+    return out
 
 
 def reported_settings(url: str) -> dict:

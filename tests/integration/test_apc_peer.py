@@ -85,6 +85,10 @@ def test_settings_are_recorded_as_the_server_reports_them(servers):
                                   "APC_CHECKPOINT_INTERVAL_TOKENS": "256"}
     assert (rep["apc_enabled"], rep["apc_disk_enabled"], rep["apc_block_size"],
             rep["apc_checkpoint_interval_tokens"], rep["apc_num_blocks"]) == (True, False, 16, 256, 2048)
+    eff = on.settings["in_effect"]
+    assert (eff["enabled"], eff["block_size"], eff["checkpoint_interval_tokens"], eff["exact_min_tokens"],
+            eff["hash"], eff["memory_max_bytes"]) == (True, 16, 256, 16, "fast", on.cache_stats()["memory_max_bytes"])
+    assert eff["memory_max_bytes"] > 0
     assert on.cache_stats()["block_size"] == 16 and on.url.startswith("http://127.0.0.1:") and on.running
     printed = next(x for x in off["lines"] if x.startswith("kvlab: APC settings"))
     assert "'apc_enabled': False" in printed and "'apc_disk_enabled': False" in printed
