@@ -1,11 +1,14 @@
 """`kvlab loadgen`: drive an OpenAI-compatible server with concurrent sessions and print vLLM-style
-latency percentiles; `kvlab peer`: run a peer server (vllm-mlx, plain mlx_lm.server) on loopback
-until Ctrl-C.
+latency percentiles; `kvlab peer`: run a peer server (vllm-mlx, plain mlx_lm.server, mlx-vlm's
+server with its APC) on loopback until Ctrl-C.
 
 Example:
     $ kvlab peer vllm-mlx --mode paged --model tiny --port 8100 &
     $ kvlab loadgen http://127.0.0.1:8100 --workload shared_system_prompt --concurrency 4 \\
           --num-requests 16 --out runs/paged.parquet
+    $ kvlab peer mlx-vlm --model tiny-vlm --apc checkpoint_interval_tokens=256 --port 8101 &
+    $ kvlab load http://127.0.0.1:8101 --workload multimodal --traffic mixed --concurrency 1 \
+          --num-requests 8
 """
 
 from __future__ import annotations
@@ -18,9 +21,10 @@ from ..errors import KvlabError
 from .output import print_result
 
 _WORKLOADS = ("multi_turn, agentic_loop, shared_system_prompt, prefix_repetition, fixed (exact input and "
-              "output lengths for cross-tool runs), or a trace .jsonl")
+              "output lengths for cross-tool runs), multimodal (text and image requests), or a trace .jsonl")
 _WORKLOAD_FLAGS = ("turns", "input_len", "output_len", "system_tokens", "prefix_len", "suffix_len",
-                   "num_prefixes", "time_scale", "block_tokens")
+                   "num_prefixes", "time_scale", "block_tokens", "traffic", "distinct_images",
+                   "image_size")
 
 
 def register(sub) -> None:
@@ -55,6 +59,11 @@ def register(sub) -> None:
     s.add_argument("--prefix-len", type=int, default=None, help="prefix_repetition: prefix ids (default 256)")
     s.add_argument("--suffix-len", type=int, default=None, help="prefix_repetition: suffix ids (default 256)")
     s.add_argument("--num-prefixes", type=int, default=None, help="prefix_repetition: prefixes (default 1)")
+    s.add_argument("--traffic", default=None, choices=("text", "mixed", "images"),
+                   help="multimodal: text-only, mixed (every 2nd request an image; default) or image-only")
+    s.add_argument("--distinct-images", type=int, default=None,
+                   help="multimodal: images the image requests cycle through (default 2)")
+    s.add_argument("--image-size", type=int, default=None, help="multimodal: image side in pixels (default 56)")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--record-tokens", action="store_true",
                    help="non-streamed requests with logprobs: output ids and top-2 gaps, no TTFT")
@@ -66,13 +75,19 @@ def register(sub) -> None:
                         "print both tools' figures side by side")
     s.set_defaults(func=load)
 
-    p = sub.add_parser("peer", help="run a peer server (vllm-mlx or plain mlx_lm.server) until Ctrl-C")
-    p.add_argument("server", choices=("vllm-mlx", "mlx-lm"))
+    p = sub.add_parser("peer", help="run a peer server (vllm-mlx, plain mlx_lm.server, mlx-vlm) until Ctrl-C")
+    p.add_argument("server", choices=("vllm-mlx", "mlx-lm", "mlx-vlm"))
     p.add_argument("--mode", default="batched", choices=("simple", "batched", "paged"),
                    help="vllm-mlx mode")
-    p.add_argument("--model", default="smollm2", help="a kvlab model name or an mlx-lm folder")
+    p.add_argument("--model", default=None,
+                   help="a kvlab model name or an mlx-lm folder (default smollm2); mlx-vlm: tiny-vlm[:<type>] "
+                        "or an mlx-vlm folder (default tiny-vlm)")
     p.add_argument("--port", type=int, default=None, help="default: a free port")
-    p.add_argument("--no-prefix-cache", action="store_true", help="serve with the prefix cache off")
+    p.add_argument("--no-prefix-cache", action="store_true",
+                   help="serve with the prefix cache off (mlx-vlm: APC disabled)")
+    p.add_argument("--apc", action="append", default=[], metavar="NAME=VALUE",
+                   help="mlx-vlm: an APC setting (e.g. checkpoint_interval_tokens=256, block_size=16); repeatable")
+    p.add_argument("--apc-disk", action="store_true", help="mlx-vlm: keep APC's SSD tier (off by default)")
     p.add_argument("--install", action="store_true",
                    help="only create the peers' venv (.venv-peers) with vllm-mlx, then exit")
     p.set_defaults(func=peer)
@@ -148,18 +163,16 @@ def peer(args) -> int:
             raise KvlabError("--install applies to vllm-mlx (mlx_lm.server runs from kvlab's own env)")
         print(f"kvlab: vllm-mlx ready in {peers.ensure_peers_venv(quiet=False)}")
         return 0
-    if args.server == "vllm-mlx":
-        server = peers.start_vllm_mlx(args.model, args.mode, port=args.port,
-                                      prefix_cache=not args.no_prefix_cache)
-    else:
-        server = peers.start_mlx_lm(args.model, port=args.port,
-                                    prompt_cache_size=0 if args.no_prefix_cache else 10)
+    if args.apc and args.server != "mlx-vlm":
+        raise KvlabError("--apc applies to mlx-vlm only (its Automatic Prefix Caching settings)")
 
     def _term(signum, frame):
         raise KeyboardInterrupt
 
+    # SIGTERM while the server is still starting must stop it too: handled from here on
     previous = signal.signal(signal.SIGTERM, _term)
     try:
+        server = _start(args)
         print(f"kvlab: {server!r}\nkvlab: serving at {server.url} (Ctrl-C stops it)", flush=True)
         while server.running:
             time.sleep(0.5)
@@ -168,5 +181,40 @@ def peer(args) -> int:
     except KeyboardInterrupt:
         return 0
     finally:
-        server.stop()
+        for server in peers.live():  # this command's one server, started or half-started
+            server.stop()
         signal.signal(signal.SIGTERM, previous)
+
+
+def _start(args):
+    from ..serving import peers
+
+    if args.server == "mlx-vlm":
+        from ..serving.peers_vlm import start_mlx_vlm
+
+        server = start_mlx_vlm(args.model or "tiny-vlm", not args.no_prefix_cache, port=args.port,
+                               disk=args.apc_disk, **_apc_settings(args.apc))
+        print(f"kvlab: APC settings {server.settings.get('reported', {})}", flush=True)
+        return server
+    if args.server == "vllm-mlx":
+        return peers.start_vllm_mlx(args.model or "smollm2", args.mode, port=args.port,
+                                    prefix_cache=not args.no_prefix_cache)
+    return peers.start_mlx_lm(args.model or "smollm2", port=args.port,
+                              prompt_cache_size=0 if args.no_prefix_cache else 10)
+
+
+def _apc_settings(pairs) -> dict:
+    """``--apc NAME=VALUE`` flags as keywords (numbers as numbers)."""
+    out = {}
+    for pair in pairs:
+        name, eq, value = pair.partition("=")
+        if not eq or not name:
+            raise KvlabError(f"--apc {pair!r}: write NAME=VALUE, e.g. --apc checkpoint_interval_tokens=256")
+        try:
+            out[name] = int(value)
+        except ValueError:
+            try:
+                out[name] = float(value)
+            except ValueError:
+                out[name] = value
+    return out

@@ -142,7 +142,8 @@ async def generate_load_async(url: str, workload="multi_turn", *, concurrency: i
                           progress: bool = True,
                           label: str | None = None, out=None, **params) -> LoadResult:
     """The load run as a coroutine. ``workload`` is a name (multi_turn, agentic_loop,
-    shared_system_prompt, prefix_repetition, fixed), a ``kv.Workload``, a trace or a trace file;
+    shared_system_prompt, prefix_repetition, fixed, multimodal: text and image requests, the images
+    sent as base64 PNG data URLs), a ``kv.Workload``, a trace or a trace file;
     ``params`` go to its generator, and one that does not apply to it is refused (the table in
     :mod:`kvlab.serving.workload_params`; ``output_len`` sets every request's ``max_tokens``;
     ``time_scale`` (default 1), ``block_tokens`` and ``max_prompt_tokens`` are for traces). ``record_tokens`` sends non-streamed requests with

@@ -1,7 +1,8 @@
 """Peer servers kvlab compares against, started and stopped as child processes on loopback:
 vllm-mlx 0.6.0 (the seeds' server; it pins mlx-lm below 0.32, so it lives in its own virtual
-environment ``.venv-peers``) and plain ``mlx_lm.server`` (from kvlab's own environment, with no
-kvlab code inside it).
+environment ``.venv-peers``), plain ``mlx_lm.server`` (from kvlab's own environment, with no
+kvlab code inside it) and mlx-vlm's own server with its Automatic Prefix Caching
+(``start_mlx_vlm``, in :mod:`kvlab.serving.peers_vlm`).
 
 vllm-mlx modes: ``simple`` (one request at a time, queued; its prefix cache is mlx-lm's
 LRUPromptCache trie), ``batched`` (continuous batching with its memory-aware prefix cache) and
@@ -18,124 +19,20 @@ Example:
 
 from __future__ import annotations
 
-import atexit
 import os
-import re
-import shutil
-import signal
-import socket
-import subprocess
+import subprocess  # noqa: F401  (kept: callers patch peers.subprocess.run around ensure_peers_venv)
 import sys
 import tempfile
-import time
-import urllib.request
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from .._blas import env_with_fast_blas
-from ..errors import KvlabError
-from ..primitives import timing
-from ..primitives.display import summary_html
-# the peers' venv (vllm-mlx pins mlx-lm below 0.32) lives in its own module; names kept here
+# the process (PeerServer, launch) and the peers' venv live in their own modules; names kept here
+from .peer_server import PeerServer, free_port, launch, live  # noqa: F401  (their home is peer_server)
 from .peer_venv import (VLLM_MLX, PeerError, ensure_peers_venv, peer_mlx_lm_requirement,  # noqa: F401
                         peers_venv)
 
 MODES = {"simple": (), "batched": ("--continuous-batching",),
          "paged": ("--continuous-batching", "--use-paged-cache")}
-_LIVE: dict[int, "PeerServer"] = {}
-_CACHE_FETCH = re.compile(r"\[cache_fetch\] request=(\S+) (HIT|MISS) prompt_tokens=(\d+)(?: cached=(\d+))?")
-
-
-@dataclass(eq=False)
-class PeerServer:
-    """A running peer server: ``url`` to send load to, ``stop()`` (also on ``with`` exit)."""
-
-    name: str
-    mode: str
-    model_path: Path
-    port: int
-    process: subprocess.Popen
-    log_path: Path
-    home: Path | None = None
-    args: tuple = ()
-    stopped_log: str | None = field(default=None, repr=False)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    @property
-    def running(self) -> bool:
-        return self.process.poll() is None
-
-    def log(self, tail: int | None = None) -> str:
-        """The server's stdout and stderr so far (the last ``tail`` lines)."""
-        text = self.stopped_log if self.stopped_log is not None else (
-            self.log_path.read_text(errors="replace") if self.log_path.is_file() else "")
-        return "\n".join(text.splitlines()[-tail:]) if tail else text
-
-    def cache_stats(self) -> dict | None:
-        """vllm-mlx's ``GET /v1/cache/stats`` (None for servers without it)."""
-        import json
-
-        try:
-            with urllib.request.urlopen(f"{self.url}/v1/cache/stats", timeout=10) as r:
-                return json.loads(r.read())
-        except (OSError, ValueError):
-            return None
-
-    def cache_log(self) -> "pl.DataFrame":
-        """vllm-mlx's per-request cache lookups from its log (batched mode's memory-aware cache
-        logs ``[cache_fetch] ... HIT|MISS prompt_tokens=N cached=M``): one row a lookup, in order,
-        with the tokens it *reported* cached.
-
-        Example:
-            >>> peer.cache_log().tail(3)["cached"].to_list()
-            [1024, 1024, 1280]
-        """
-        import polars as pl
-
-        rows = [{"request": m[1], "hit": m[2] == "HIT", "prompt_tokens": int(m[3]),
-                 "cached": int(m[4]) if m[4] else 0} for m in _CACHE_FETCH.finditer(self.log())]
-        return pl.DataFrame(rows, schema={"request": pl.String, "hit": pl.Boolean,
-                                          "prompt_tokens": pl.Int64, "cached": pl.Int64})
-
-    def stop(self, timeout: float = 20.0) -> None:
-        """SIGTERM the server's process group, SIGKILL it after ``timeout`` s; remove its HOME."""
-        if self.running:
-            for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 10.0)):
-                try:
-                    os.killpg(self.process.pid, sig)
-                except ProcessLookupError:
-                    break
-                try:
-                    self.process.wait(wait)
-                    break
-                except subprocess.TimeoutExpired:
-                    continue
-        _LIVE.pop(self.process.pid, None)
-        if self.stopped_log is None:
-            self.stopped_log = self.log()
-            shutil.rmtree(self.log_path.parent, ignore_errors=True)
-        if self.home is not None:
-            shutil.rmtree(self.home, ignore_errors=True)
-
-    def __enter__(self) -> "PeerServer":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
-    def __repr__(self) -> str:
-        state = f"pid {self.pid}" if self.running else "stopped"
-        return f"PeerServer({self.name} {self.mode} {self.model_path.name} at {self.url}, {state})"
-
-    def _repr_html_(self) -> str:
-        return summary_html(repr(self), code=True)
 
 
 def start_vllm_mlx(model="tiny", mode: str = "batched", *, port: int | None = None,
@@ -167,7 +64,7 @@ def start_vllm_mlx(model="tiny", mode: str = "batched", *, port: int | None = No
     # concurrent requests to simple mode wait for the lock instead of getting 503s
     env.update(HOME=str(home), HF_HUB_OFFLINE="1", VLLM_MLX_SIMPLE_ENGINE_LOCK_ADMISSION="wait")
     cmd = [str(venv / "bin" / "vllm-mlx"), *args, *map(str, extra_args)]
-    return _launch("vllm-mlx", mode if prefix_cache else f"{mode}, no prefix cache", folder, port,
+    return launch("vllm-mlx", mode if prefix_cache else f"{mode}, no prefix cache", folder, port,
                    cmd, env, home, timeout)
 
 
@@ -198,7 +95,7 @@ def start_mlx_lm(model="tiny", *, port: int | None = None, prompt_cache_size: in
     env.update(HF_HUB_OFFLINE="1", HF_HUB_CACHE=str(hub))
     cmd = [sys.executable, "-m", "mlx_lm.server", *args, *map(str, extra_args)]
     mode = "lru" if prompt_cache_size > 0 else "no prompt cache"
-    return _launch("mlx_lm.server", mode, folder, port, cmd, env, None, timeout)
+    return launch("mlx_lm.server", mode, folder, port, cmd, env, None, timeout)
 
 
 def start_kvlab_serve(model="tiny", store: str = "radix", *, budget=None, port: int | None = None,
@@ -223,7 +120,7 @@ def start_kvlab_serve(model="tiny", store: str = "radix", *, budget=None, port: 
     root = str(Path(__file__).resolve().parents[2])  # the child imports this same kvlab
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
     cmd = [sys.executable, "-m", "kvlab.cli", *args, *map(str, extra_args)]
-    return _launch("kvlab serve", store, Path(name), port, cmd, env, None, timeout)
+    return launch("kvlab serve", store, Path(name), port, cmd, env, None, timeout)
 
 
 def start_kvlab_proxy(upstream: str, *, tokenizer=None, port: int | None = None,
@@ -242,12 +139,7 @@ def start_kvlab_proxy(upstream: str, *, tokenizer=None, port: int | None = None,
     root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
     cmd = [sys.executable, "-m", "kvlab.cli", *args]
-    return _launch("kvlab proxy", upstream, Path(root), port, cmd, env, None, timeout)
-
-
-def live() -> list[PeerServer]:
-    """The peer servers this process started and has not stopped yet."""
-    return list(_LIVE.values())
+    return launch("kvlab proxy", upstream, Path(root), port, cmd, env, None, timeout)
 
 
 def refuse_a_cast(model, peer: str) -> None:
@@ -272,41 +164,15 @@ def model_folder(model) -> Path:
     return Path(load(os.fspath(model)).path)
 
 
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def start_mlx_vlm(model="tiny-vlm", apc: bool = True, **kw) -> PeerServer:
+    """mlx-vlm's own server with its Automatic Prefix Caching on (``apc=False``: off); keywords
+    and why it runs in kvlab's environment: :func:`kvlab.serving.peers_vlm.start_mlx_vlm`.
 
+    Example:
+        >>> with start_mlx_vlm("tiny-vlm", checkpoint_interval_tokens=256) as srv:
+        ...     srv.settings["reported"]["apc_checkpoint_interval_tokens"]
+        256
+    """
+    from .peers_vlm import start_mlx_vlm as start
 
-def _launch(name, mode, folder, port, cmd, env, home, timeout) -> PeerServer:
-    logdir = Path(tempfile.mkdtemp(prefix=f"kvlab-{name}-log-"))
-    log_path = logdir / "server.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=env, start_new_session=True)
-    server = PeerServer(name, mode, Path(folder), port, proc, log_path, home, tuple(cmd))
-    _LIVE[proc.pid] = server
-    deadline = timing.deadline(timeout)
-    while True:
-        if not server.running:
-            server.stop()
-            raise PeerError(f"{name} exited with code {proc.returncode} before it served; "
-                            f"its log ends:\n{server.log(tail=25)}")
-        try:
-            with urllib.request.urlopen(f"{server.url}/health", timeout=2) as r:
-                if r.status == 200:
-                    return server
-        except OSError:
-            pass
-        if deadline.expired():
-            server.stop()
-            raise PeerError(f"{name} did not answer /health within {timeout}s; its log ends:\n"
-                            f"{server.log(tail=25)}")
-        time.sleep(0.25)
-
-
-@atexit.register
-def _stop_all() -> None:
-    for server in list(_LIVE.values()):
-        server.stop(timeout=5.0)
+    return start(model, apc, **kw)

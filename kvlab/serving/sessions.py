@@ -6,6 +6,9 @@ the server's *actual* earlier replies back in place of the workload's canned ass
 
 - ``multi_turn`` and ``agentic_loop``: one session per user, each a fresh seed.
 - ``shared_system_prompt``: one single-turn session per user, all sharing the system prompt.
+- ``multimodal``: single-turn chat requests sharing a system prompt, text-only and with images
+  (``traffic``: text, mixed, images); an image goes as an OpenAI ``image_url`` part holding a
+  base64 PNG data URL of its pixels, and the turn lists the pixel hashes it sends (``images``).
 - ``fixed``: single-turn chat requests of exactly ``input_len`` rendered tokens (its ``ids``
   are the rendering, so the run checks the server's prompt count against them).
 - ``prefix_repetition`` (token ids): single-turn completions; the ids are sent as text that
@@ -38,7 +41,7 @@ from ..workloads.fixed import rendered_ids, safe_ids
 from ..primitives.display import summary_html
 
 CHAT_SESSIONS = ("multi_turn", "agentic_loop")
-SINGLE_TURN = ("shared_system_prompt", "prefix_repetition", "fixed")
+SINGLE_TURN = ("shared_system_prompt", "prefix_repetition", "fixed", "multimodal")
 WORKLOADS = CHAT_SESSIONS + SINGLE_TURN
 
 
@@ -47,7 +50,8 @@ class Turn:
     """One request: chat ``messages`` (assistant messages are slots for earlier replies, unless
     ``as_recorded``: a workload's standalone request, sent exactly as written) or a completions
     ``prompt``; ``ids``, when known, are the prompt's token ids (for chat: the template's rendering)
-    the server's prompt count is checked against; ``tools`` go with a chat request."""
+    the server's prompt count is checked against; ``tools`` go with a chat request; ``images``
+    are the pixel hashes (``kvlab.vlm.image_hash``) of the images its messages carry, in order."""
 
     name: str
     max_tokens: int
@@ -56,6 +60,7 @@ class Turn:
     ids: tuple[int, ...] | None = None
     tools: tuple[dict, ...] | None = None
     as_recorded: bool = False
+    images: tuple[str, ...] = ()
 
     @property
     def endpoint(self) -> str:
@@ -77,7 +82,8 @@ class Turn:
 
     def __repr__(self) -> str:
         what = f"messages={len(self.messages)}" if self.messages is not None else f"ids={len(self.ids or ())}"
-        return f"Turn({self.name!r} {self.endpoint} {what} max_tokens={self.max_tokens})"
+        imgs = f" images={len(self.images)}" if self.images else ""
+        return f"Turn({self.name!r} {self.endpoint} {what}{imgs} max_tokens={self.max_tokens})"
 
     def _repr_html_(self) -> str:
         return summary_html(repr(self), code=True)
@@ -146,6 +152,8 @@ def sessions_for(workload, *, tokenizer=None, users: int = 8, seed: int = 0, tim
         params.setdefault("num_prefixes", 1)
         params["num_prompts"] = users
         wl = round_trip_suffixes(gen(seed=seed, tokenizer=tokenizer, **params), tokenizer, seed)
+    elif workload == "multimodal":
+        wl = gen(num_requests=users, seed=seed, **params)
     else:
         wl = gen(num_users=users, seed=seed, **params)
     return [Session(i, (_turn(r, tokenizer),)) for i, r in enumerate(wl.requests)]
@@ -153,13 +161,49 @@ def sessions_for(workload, *, tokenizer=None, users: int = 8, seed: int = 0, tim
 
 def _turn(r: Request, tokenizer, as_recorded: bool = False) -> Turn:
     if r.messages is not None:
-        if r.has_images:
-            raise RequestError(f"request {r.name!r} carries images; kvlab loadgen sends text only")
-        return Turn(r.name, int(r.max_tokens), messages=r.messages, tools=r.tools, as_recorded=as_recorded)
+        messages, images = openai_images(r.messages) if r.has_images else (r.messages, ())
+        return Turn(r.name, int(r.max_tokens), messages=messages, tools=r.tools, as_recorded=as_recorded,
+                    images=images)
     if tokenizer is None:
         raise RequestError(f"request {r.name!r} is token ids; pass tokenizer= so they can be sent "
                            "as text the server encodes back to the same ids")
     return Turn(r.name, int(r.max_tokens), prompt=decode(tokenizer, r.ids), ids=r.ids)
+
+
+def openai_images(messages) -> tuple[tuple[dict, ...], tuple[str, ...]]:
+    """``messages`` with every image part (``{"type": "image", "image": array | PIL | path}`` or an
+    ``image_url``) as OpenAI's ``{"type": "image_url", "image_url": {"url": "data:image/png;base64,..."}}``
+    of the image's decoded pixels, and the pixel hashes (``kvlab.vlm.image_hash``) in order.
+
+    Example:
+        >>> msgs, hashes = openai_images(kv.workloads.multimodal(num_requests=2)[1].messages)
+        >>> msgs[1]["content"][0]["image_url"]["url"][:22], len(hashes)
+        ('data:image/png;base64,', 1)
+    """
+    import base64
+    import io
+
+    from ..vlm.images import image_hash, image_source, load_image
+
+    out, hashes = [], []
+    for mi, m in enumerate(messages):
+        content = m.get("content")
+        if not isinstance(content, (list, tuple)):
+            out.append(dict(m))
+            continue
+        parts = []
+        for part in content:
+            if isinstance(part, dict) and part.get("type") in ("image", "image_url"):
+                img = load_image(image_source(part, f"message {mi}"), f"message {mi}")
+                buf = io.BytesIO()
+                img.save(buf, format="PNG")  # lossless: the server decodes the same pixels
+                url = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+                parts.append({"type": "image_url", "image_url": {"url": url}})
+                hashes.append(image_hash(img))
+            else:
+                parts.append(dict(part) if isinstance(part, dict) else part)
+        out.append({**m, "content": parts})
+    return tuple(out), tuple(hashes)
 
 
 def round_trip_suffixes(wl: Workload, tokenizer, seed: int = 0) -> Workload:

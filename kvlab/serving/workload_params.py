@@ -6,13 +6,14 @@ for ``output_len``).
 | parameter | applies to |
 |---|---|
 | ``turns`` | multi_turn, agentic_loop |
-| ``system_tokens`` | multi_turn, agentic_loop, shared_system_prompt (about), fixed (exact) |
+| ``system_tokens`` | multi_turn, agentic_loop, shared_system_prompt, multimodal (about), fixed (exact) |
 | ``output_len`` (alias ``max_tokens``) | every named workload |
 | ``input_len`` | fixed |
 | ``prefix_len``, ``suffix_len``, ``num_prefixes`` | prefix_repetition |
 | ``time_scale``, ``block_tokens``, ``max_prompt_tokens`` | trace |
 
-Other keywords go to the workload's generator if it takes them (``tools=``, ``user_tokens=``...).
+Other keywords go to the workload's generator if it takes them (``tools=``, ``user_tokens=``,
+multimodal's ``traffic=``, ``distinct_images=``, ``image_size=``...).
 
 Example:
     >>> workload_kwargs("multi_turn", {"output_len": 5})
@@ -34,7 +35,7 @@ from .sessions import CHAT_SESSIONS, WORKLOADS
 TRACE = "trace"
 APPLIES = {
     "turns": ("multi_turn", "agentic_loop"),
-    "system_tokens": ("multi_turn", "agentic_loop", "shared_system_prompt", "fixed"),
+    "system_tokens": ("multi_turn", "agentic_loop", "shared_system_prompt", "multimodal", "fixed"),
     "output_len": WORKLOADS,
     "input_len": ("fixed",),
     "prefix_len": ("prefix_repetition",),
@@ -94,7 +95,7 @@ def workload_kwargs(workload, params: dict, spell=str) -> dict:
     if kind == "fixed" and "input_len" not in given:
         raise RequestError(f"the fixed workload needs {spell('input_len')}: the prompt's tokens as the "
                            "chat template renders them")
-    if "output_len" in given and kind in (*CHAT_SESSIONS, "shared_system_prompt"):
+    if "output_len" in given and kind in (*CHAT_SESSIONS, "shared_system_prompt", "multimodal"):
         given["max_tokens"] = given.pop("output_len")
     _check_generator_keywords(kind, given, spell)
     _check_system_floor(kind, given, spell)

@@ -7,6 +7,7 @@ for JSON) and exact for token ids.
 
 - ``generators``: multi_turn, branching, agentic_loop, shared_system_prompt, prefix_repetition,
   multimodal_mix, fixed (and ``GENERATORS`` by name);
+- ``multimodal``: the image-bearing load workload (text, mixed or image traffic);
 - ``fixed``: prompts of exactly N rendered tokens (chat template counted) for cross-tool runs,
   and the ``safe_ids`` / ``rendered_ids`` they are made and measured with;
 - ``text``: the seeded prose, questions, images and tool schemas they are made of (the schemas
@@ -30,10 +31,12 @@ from .fit import fit_to_context
 from .fixed import fixed, rendered_ids, safe_ids
 from .generators import (BILLING_HEADER, GENERATORS, agentic_loop, branching, multi_turn, multimodal_mix,
                          prefix_repetition, shared_system_prompt)
+from .multimodal import multimodal
 from .text import JSON_CHARS_PER_TOKEN, PROSE_CHARS_PER_TOKEN, tool_schemas
 
 __all__ = ["BILLING_HEADER", "CAUSES", "Cause", "Fix", "GENERATORS", "JSON_CHARS_PER_TOKEN",
            "PROSE_CHARS_PER_TOKEN", "Request", "StructuralChange",
-           "Workload", "agentic_loop", "branching", "fit_to_context", "fixed", "multi_turn", "multimodal_mix",
+           "Workload", "agentic_loop", "branching", "fit_to_context", "fixed", "multi_turn", "multimodal",
+           "multimodal_mix",
            "prefix_repetition", "rendered_ids", "safe_ids", "shared_system_prompt", "structural_change",
            "tool_schemas"]

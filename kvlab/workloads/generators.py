@@ -3,7 +3,7 @@
 
 Example:
     >>> sorted(GENERATORS)
-    ['agentic_loop', 'branching', 'fixed', 'multi_turn', 'multimodal_mix', 'prefix_repetition', 'shared_system_prompt']
+    ['agentic_loop', 'branching', 'fixed', 'multi_turn', 'multimodal', 'multimodal_mix', 'prefix_repetition', 'shared_system_prompt']
 """
 
 from __future__ import annotations
@@ -256,5 +256,7 @@ def multimodal_mix(num_requests: int = 4, seed: int = 0, *, image_every: int = 2
                     "text-only and image requests mixed")
 
 
+from .multimodal import multimodal  # noqa: E402  (it imports only .text: no cycle)
+
 GENERATORS = {f.__name__: f for f in (multi_turn, branching, agentic_loop, shared_system_prompt,
-                                      prefix_repetition, multimodal_mix, fixed)}
+                                      prefix_repetition, multimodal_mix, multimodal, fixed)}

@@ -96,7 +96,7 @@ APPLIES_TO = "Drop it or choose one of those workloads"
      f"--turns does not apply to the fixed workload; it applies to multi_turn, agentic_loop. {APPLIES_TO}"),
     (["--workload", "prefix_repetition", "--system-tokens", "64"],
      "--system-tokens does not apply to the prefix_repetition workload; it applies to multi_turn, "
-     f"agentic_loop, shared_system_prompt, fixed. {APPLIES_TO}"),
+     f"agentic_loop, shared_system_prompt, multimodal, fixed. {APPLIES_TO}"),
     (["--workload", "multi_turn", "--input-len", "64"],
      f"--input-len does not apply to the multi_turn workload; it applies to fixed. {APPLIES_TO}"),
     (["--workload", "multi_turn", "--time-scale", "2"],
@@ -106,7 +106,7 @@ APPLIES_TO = "Drop it or choose one of those workloads"
      f"{APPLIES_TO}"),
     (["--workload", "runs/trace.jsonl", "--output-len", "3"],
      "--output-len does not apply to a trace; it applies to multi_turn, agentic_loop, "
-     f"shared_system_prompt, prefix_repetition, fixed. {APPLIES_TO}"),
+     f"shared_system_prompt, prefix_repetition, fixed, multimodal. {APPLIES_TO}"),
     # the floor: below it every value gave the same 716-728-token prompt (issue 22)
     (["--workload", "shared_system_prompt", "--system-tokens", "150"],
      "--system-tokens 150 is below what shared_system_prompt can make: its instructions and 4 tool "

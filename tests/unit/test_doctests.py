@@ -18,7 +18,7 @@ import kvlab as kv
 
 PURE = ["kvlab.primitives.tokens", "kvlab.primitives.chat_template", "kvlab.primitives.display", "kvlab.primitives.boundary", "kvlab.primitives.blocks", "kvlab.primitives.timing", "kvlab.primitives.divergence", "kvlab.primitives.volatile",
         "kvlab.primitives.normalisation", "kvlab.request", "kvlab.keys", "kvlab.primitives.units", "kvlab.workloads",
-        "kvlab.workloads.generators", "kvlab.workloads.text", "kvlab.workloads.fit", "kvlab.workloads.fixed",
+        "kvlab.workloads.generators", "kvlab.workloads.multimodal", "kvlab.workloads.text", "kvlab.workloads.fit", "kvlab.workloads.fixed",
         "kvlab.serving.workload_params"]
 VLM = ["kvlab.vlm", "kvlab.vlm.images", "kvlab.vlm.model", "kvlab.vlm.net", "kvlab.vlm.build",
        "kvlab.vlm.load"]

@@ -239,6 +239,11 @@ RECORDED = [
     ("multimodal_mix", dict(num_requests=9, seed=4, image_every=3, image_size=(24, 40),
                             system_tokens=100, same_text=False),
      "197ef1558705360f70505365dd4899607399f6f760947112f0a4f62a9028cf64"),
+    # multimodal: recorded when it was added (issue 21, the image load workload)
+    ("multimodal", {}, "f7593bfe484716ffd1cad8d6ba9b6f18896b07ed9f5db4db94dd0f8dc15d6354"),
+    ("multimodal", dict(num_requests=5, seed=2, traffic="images", distinct_images=3, image_size=(28, 56),
+                        system_tokens=80),
+     "18c172d07af8dbeb410ead38960b7c661a06e9991b95b0b8ee1b9a611fd6f6dc"),
 ]
 
 
