@@ -31,7 +31,7 @@ def test_07_snapshot_pitfalls(tmp_path):
 
     # the finding opens with the verdict recomputed from the table, then each pitfall's figures
     # (mutants: the verdict's stale-tail test flipped to `< tol`, which says "2 of 3 pitfalls
-    # reproduce"; the table's kvlab column filled from the naive rows; a typed "8 of 8 layers")
+    # reproduce"; the table's kvlab column filled from the naive rows)
     text = finding(nb)
     broke = [value("aliasing", "naive", "layers_changed") > 0, value("stale_tail", "naive", "max_logit_diff") > tol,
              value("non_trimmable", "naive", "engine_reused_tokens") == 0]

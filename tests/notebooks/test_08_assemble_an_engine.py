@@ -38,8 +38,8 @@ def test_08_assemble_an_engine(tmp_path):
     follow = rows["follow-up"].row(0, named=True)
     assert follow["reused_tokens"] >= second["prompt_tokens"] // BLOCK * BLOCK  # the whole earlier turn
     # the finding opens with the verdict recomputed from the table, then the memory the primitives
-    # leave on the table and one row per request (mutants: the byte ratio inverted; the table's engine
-    # column filled from the assembled cache's reuse; a typed verdict: the zero-tolerance test below)
+    # leave on the table and one row per request (mutants: the byte ratio inverted; a typed verdict:
+    # the zero-tolerance test below)
     text = finding(nb)
     tol = df["tolerance"][0]
     same = df["same_reuse"] & df["same_logits"]
