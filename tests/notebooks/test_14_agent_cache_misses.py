@@ -91,7 +91,7 @@ def test_14_agent_cache_misses(tmp_path):
     best = "; ".join(f"{c} {rate(df, c, 'kvlab serve', 'before'):.1%} -> {rate(df, c, 'kvlab serve', 'after'):.1%}"
                      for _, c in gains)
     # the verdict first, recomputed from the table (mutants: the count taken over every cause, not the
-    # ones whose rate rose; the top three sorted ascending; "all 10" typed for the diagnosis)
+    # ones whose rate rose; the top three sorted ascending)
     raised = [c for c in CAUSES if rate(df, c, "kvlab serve", "after") > rate(df, c, "kvlab serve", "before")]
     # every fix but idle_gap's (no time-to-live here) and compaction's (more reused, but longer prompts)
     assert sorted(set(CAUSES) - set(raised)) == ["compaction", "idle_gap"]
@@ -110,7 +110,7 @@ def test_14_agent_cache_misses(tmp_path):
             f"before and {idle:.1%} after") in text
 
     # the hit-rate figure's axis fits the data and its title names the run (mutant: range [0, 100]
-    # over data that tops lower, or a typed title)
+    # over data that tops at 89%)
     fig = next(o.data["application/vnd.plotly.v1+json"]["layout"] for c in nb.cells if c.cell_type == "code"
                and "hit_rate_figure()" in c.source for o in c.outputs
                if "application/vnd.plotly.v1+json" in o.get("data", {}))
