@@ -32,6 +32,7 @@ import mlx.core as mx
 import numpy as np
 import polars as pl
 from IPython.display import Markdown
+from kvlab.primitives.tolerance import tolerance
 from mlx_lm.models.cache import KVCache, can_trim_prompt_cache, trim_prompt_cache
 
 # %% tags=["parameters"]
@@ -142,6 +143,8 @@ for approach, checkpoints in (("naive", False), ("kvlab", True)):
 # ## Results
 
 # %%
+tol = tolerance(m.dtype, deep=m.num_layers > 8)  # "the same logits": kvlab's stated bound for this model
+record("stale_tail", "both", "logit_tolerance", tol)
 results = pl.DataFrame(rows).with_columns(pl.lit(m.name).alias("model"))
 results = kv.runner.save_results(results, results_path, "07_snapshot_pitfalls")
 
@@ -150,14 +153,41 @@ results = kv.runner.save_results(results, results_path, "07_snapshot_pitfalls")
 
 # %%
 v = {(r["pitfall"], r["approach"], r["metric"]): r["value"] for r in results.iter_rows(named=True)}
-raised = "raised NotTrimmableError" if v["non_trimmable", "kvlab", "trim_raised"] else "did not raise"
-finding = (f"A snapshot keeping the live arrays changed in {v['aliasing', 'naive', 'layers_changed']:.0f} of "
-           f"{v['aliasing', 'both', 'layers']:.0f} layers after a trim and an append; kv.snapshot in "
-           f"{v['aliasing', 'kvlab', 'layers_changed']:.0f}. Copying a trimmed cache by its buffer took "
-           f"{v['stale_tail', 'naive', 'tokens_seen']:.0f} tokens instead of {v['stale_tail', 'kvlab', 'tokens_seen']:.0f} "
-           f"and moved the logits by {v['stale_tail', 'naive', 'max_logit_diff']:.2f} (kv.trim: "
-           f"{v['stale_tail', 'kvlab', 'max_logit_diff']:.1e}). On {hybrid_model}, mlx-lm's trim_prompt_cache trimmed "
-           f"{v['non_trimmable', 'naive', 'tokens_trimmed']:.0f} tokens and said nothing, kv.trim {raised}, and the "
-           f"Engine reused {v['non_trimmable', 'naive', 'engine_reused_tokens']:.0f} tokens without checkpoints and "
-           f"{v['non_trimmable', 'kvlab', 'engine_reused_tokens']:.0f} with them.")
+tol, layers = v["stale_tail", "both", "logit_tolerance"], v["aliasing", "both", "layers"]
+# per pitfall: did the naive way break here, and did kvlab's way stay correct (each from the table)
+broke = {"aliasing": v["aliasing", "naive", "layers_changed"] > 0,
+         "stale tail": v["stale_tail", "naive", "max_logit_diff"] > tol,
+         "non-trimmable cache": v["non_trimmable", "naive", "engine_reused_tokens"] == 0}
+held = {"aliasing": v["aliasing", "kvlab", "layers_changed"] == 0,
+        "stale tail": v["stale_tail", "kvlab", "max_logit_diff"] <= tol,
+        "non-trimmable cache": bool(v["non_trimmable", "kvlab", "trim_raised"])
+        and v["non_trimmable", "kvlab", "engine_reused_tokens"] > 0}
+
+
+def listing(names):
+    return " and ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names) or "none"
+
+
+reproduced, avoided = [k for k in broke if broke[k]], [k for k in held if held[k]]
+verdict = (f"**All {len(broke)} pitfalls reproduce on {m.name}, and kvlab's way avoids each.**"
+           if len(reproduced) == len(avoided) == len(broke) else
+           f"**{len(reproduced)} of {len(broke)} pitfalls reproduce on {m.name} ({listing(reproduced)}); kvlab's "
+           f"way stays correct on {len(avoided)} of {len(held)} ({listing(avoided)}).**")
+seed = ("reproduces" if broke["aliasing"] else "does not reproduce")
+finding = (verdict + f" Seed 002's review claim that a snapshot sharing the live cache is corrupted once the cache "
+           f"is mutated {seed} here: {v['aliasing', 'naive', 'layers_changed']:.0f} of {layers:.0f} layers changed. "
+           f"\"Same logits\" means within {tol:g} of a cold prefill.\n\n"
+           "| pitfall | the naive way | kvlab |\n|---|---|---|\n"
+           f"| aliasing (vllm-mlx#575) | {v['aliasing', 'naive', 'layers_changed']:.0f} of {layers:.0f} layers changed "
+           f"under the snapshot after a trim and an append | kv.snapshot: {v['aliasing', 'kvlab', 'layers_changed']:.0f} "
+           f"of {layers:.0f} |\n"
+           f"| stale tail (vllm-mlx#384) | a copy by buffer holds {v['stale_tail', 'naive', 'tokens_seen']:.0f} tokens "
+           f"instead of {v['stale_tail', 'kvlab', 'tokens_seen']:.0f}; logits off by "
+           f"{v['stale_tail', 'naive', 'max_logit_diff']:.2f} | kv.trim: {v['stale_tail', 'kvlab', 'tokens_seen']:.0f} "
+           f"tokens, logits off by {v['stale_tail', 'kvlab', 'max_logit_diff']:.1e} |\n"
+           f"| non-trimmable cache (mlx-lm#980), {hybrid_model} | trim_prompt_cache trimmed "
+           f"{v['non_trimmable', 'naive', 'tokens_trimmed']:.0f} tokens and said nothing; the Engine without "
+           f"checkpoints reused {v['non_trimmable', 'naive', 'engine_reused_tokens']:.0f} tokens | kv.trim "
+           f"{'raised NotTrimmableError' if v['non_trimmable', 'kvlab', 'trim_raised'] else 'did not raise'}; with "
+           f"checkpoints the Engine reused {v['non_trimmable', 'kvlab', 'engine_reused_tokens']:.0f} tokens |")
 Markdown(finding)

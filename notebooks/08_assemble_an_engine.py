@@ -171,20 +171,25 @@ results = pl.DataFrame(rows).with_columns(
 results
 
 # %%
-distinct = {id(s): s for s in snapshots.values()}
-print(f"{len(snapshots)} block hashes -> {len(distinct)} snapshots, "
-      f"{fmt_bytes(sum(s.nbytes for s in distinct.values()))}; "
-      f"the PagedStore holds {engine.store.entries} blocks, {fmt_bytes(engine.store.nbytes)}")
+distinct = {id(s): s for s in snapshots.values()}  # bytes: what the snapshots and the PagedStore hold
+results = results.with_columns(assembled_bytes=pl.lit(sum(s.nbytes for s in distinct.values())), store_bytes=pl.lit(engine.store.nbytes))
+print(f"{len(snapshots)} block hashes -> {len(distinct)} snapshots; the PagedStore holds {engine.store.entries} blocks")
 results = kv.runner.save_results(results, results_path, "08_assemble_an_engine")
 
 # %% [markdown]
 # ## Findings
 
 # %%
-finding = (f"The prefix cache assembled from the primitives reused {results['reused_tokens'].sum()} of "
-           f"{results['prompt_tokens'].sum()} prompt tokens over {results.height} requests; kv.Engine with "
-           f"kv.PagedStore reused the same on {results['same_reuse'].sum()} of {results.height}, with next-token "
-           f"logits within {results['max_logit_diff_vs_engine'].max():.1e} of the engine's ({results['same_logits'].sum()} "
-           f"of {results.height} under the {tolerance:g} tolerance) and {results['max_logit_diff_vs_cold'].max():.1e} "
-           f"of a cold prefill.")
+same, n, b = results["same_reuse"] & results["same_logits"], results.height, results.row(0, named=True)
+differ = ", ".join(f"{i} {k}" for i, k in results.filter(~same).select("request", "kind").iter_rows())
+verdict = f"matches it on all {n} requests" if same.all() else f"differs from it on {n - same.sum()} of {n} requests ({differ})"
+finding = (f"**The prefix cache assembled from the primitives {verdict}** (kv.Engine with kv.PagedStore): the same reused "
+           f"tokens on {results['same_reuse'].sum()} of {n}, next-token logits within the {tolerance:g} tolerance on "
+           f"{results['same_logits'].sum()} of {n} (at most {results['max_logit_diff_vs_engine'].max():.1e} from the engine's, "
+           f"{results['max_logit_diff_vs_cold'].max():.1e} from a cold prefill). It reused {results['reused_tokens'].sum()} of "
+           f"{results['prompt_tokens'].sum()} prompt tokens. What it leaves out costs memory: its snapshots hold "
+           f"{fmt_bytes(b['assembled_bytes'])}, {b['assembled_bytes'] / b['store_bytes']:.1f}x the {fmt_bytes(b['store_bytes'])} "
+           "kv.PagedStore holds with each block once.\n\n| request | reused / prompt tokens | kv.Engine reused | logit diff "
+           "vs kv.Engine |\n|---|---|---|---|\n" + "".join(f"| {r['request']} · {r['kind']} | {r['reused_tokens']} / "
+           f"{r['prompt_tokens']} | {r['engine_reused_tokens']} | {r['max_logit_diff_vs_engine']:.1e} |\n" for r in results.iter_rows(named=True)))
 Markdown(finding)

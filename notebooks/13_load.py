@@ -145,15 +145,19 @@ for cache, frame in (("off", off), ("on", on)):
     fig.add_scatter(x=frame["concurrency"], y=frame["ttft_ms_p50"], name=f"cache {cache}: TTFT p50", mode="lines+markers")
     fig.add_scatter(x=frame["concurrency"], y=frame["ttft_ms_p99"], name=f"cache {cache}: TTFT p99",
                     mode="lines+markers", line={"dash": "dot"})
-fig.update_layout(title=f"prefix_repetition on kvlab serve ({m.name}): TTFT (first token chunk - send) "
-                        "against concurrency", xaxis_title="concurrency", yaxis_title="ms", xaxis_type="log")
+fig.update_layout(title=f"prefix_repetition on kvlab serve ({m.name}, {num_prompts} prompts a level): TTFT (first token "
+                        f"chunk - send) against concurrency {', '.join(map(str, concurrency))}",
+                  xaxis_title="concurrency (requests in flight)", yaxis_title="time to first token (ms)", xaxis_type="log",
+                  yaxis_rangemode="tozero")
 fig
 
 # %%
 fig = go.Figure([go.Scatter(x=frame["concurrency"], y=frame["output_throughput"], name=f"cache {cache}",
                             mode="lines+markers") for cache, frame in (("off", off), ("on", on))])
-fig.update_layout(title="output throughput (output tokens / wall time) against concurrency",
-                  xaxis_title="concurrency", yaxis_title="tokens/s", xaxis_type="log")
+fig.update_layout(title=f"prefix_repetition on kvlab serve ({m.name}): output throughput (output tokens / wall time) "
+                        f"against concurrency {', '.join(map(str, concurrency))}",
+                  xaxis_title="concurrency (requests in flight)", yaxis_title="output throughput (tokens/s)",
+                  xaxis_type="log", yaxis_rangemode="tozero")
 fig
 
 # %% [markdown]
@@ -189,8 +193,9 @@ if server_rows:
     fig = go.Figure(go.Bar(x=peer_table["server"], y=peer_table["ttft_ms_p50"], name="TTFT p50",
                            error_y={"type": "data", "array": (peer_table["ttft_ms_p99"] - peer_table["ttft_ms_p50"]).to_list(),
                                     "arrayminus": [0] * peer_table.height}))
-    fig.update_layout(title=f"prefix_repetition at concurrency {SERVER_CONCURRENCY}: TTFT (first token chunk - send) "
-                            "p50 (bar) to p99 (whisker)", yaxis_title="ms")
+    fig.update_layout(title=f"prefix_repetition at concurrency {SERVER_CONCURRENCY}, {SERVER_REQUESTS} requests, "
+                            f"{peer_table.height} servers: TTFT (first token chunk - send) p50 (bar) to p99 (whisker)",
+                      xaxis_title="server", yaxis_title="time to first token (ms)")
 else:
     fig = "no servers"
 fig
@@ -207,26 +212,65 @@ results = kv.runner.save_results(results, results_path, "13_load")
 
 # %%
 s4 = results.filter(pl.col("section") == "seed004").group_by("cache", "concurrency").agg(pl.col(pl.Float64).median())
-lo, hi = min(concurrency), max(concurrency)
+levels = sorted(s4["concurrency"].unique())
 
 
 def at(cache, c):
     return s4.filter((pl.col("cache") == cache) & (pl.col("concurrency") == c)).row(0, named=True)
 
 
-finding = " ".join(
-    f"At concurrency {c}, prefix caching (paged) reused {at('on', c)['token_hit_rate']:.0%} of prompt tokens, "
-    f"cut TTFT p50 (first token chunk - send) from {at('off', c)['ttft_ms_p50']:.0f} ms to "
-    f"{at('on', c)['ttft_ms_p50']:.0f} ms and the TTFT mean "
-    f"{at('off', c)['ttft_ms_mean'] / at('on', c)['ttft_ms_mean']:.2f}x, and its output throughput (output "
-    f"tokens / wall time) was {at('on', c)['output_throughput'] / at('off', c)['output_throughput']:.2f}x "
-    f"the cache-off figure." for c in sorted({lo, hi}))
-finding += (f" Seed 004 published {SEED_004['ttft_mean']:.2f}x on the TTFT mean and "
-            f"{SEED_004['throughput']:.2f}x on throughput (Qwen3-0.6B, vllm-metal).")
-p = results.filter(pl.col("section") == "peers")
-if p.height:
-    fast, slow = p.sort("ttft_ms_p50").row(0, named=True), p.sort("ttft_ms_p50").row(-1, named=True)
-    finding += (f" Under the same load at concurrency {SERVER_CONCURRENCY}, {fast['server']} had the lowest "
-                f"TTFT p50 of {p.height} servers ({fast['ttft_ms_p50']:.0f} ms) and {slow['server']} the "
-                f"highest ({slow['ttft_ms_p50']:.0f} ms).")
+def listing(xs):
+    return " and ".join([", ".join(map(str, xs[:-1])), str(xs[-1])] if len(xs) > 1 else map(str, xs)) or "none"
+
+
+# per level: cache off over on for TTFT (how many times faster on is), on over off for throughput
+ttft = {c: at("off", c)["ttft_ms_p50"] / at("on", c)["ttft_ms_p50"] for c in levels}
+thru = {c: at("on", c)["output_throughput"] / at("off", c)["output_throughput"] for c in levels}
+mean = {c: at("off", c)["ttft_ms_mean"] / at("on", c)["ttft_ms_mean"] for c in levels}
+ttft_wins, thru_wins = [c for c in levels if ttft[c] > 1], [c for c in levels if thru[c] > 1]
+
+
+def verdict(metric, wins, ratio):
+    span = f"{min(ratio.values()):.2f}x to {max(ratio.values()):.2f}x" if len(ratio) > 1 else f"{ratio[levels[0]]:.2f}x"
+    if len(wins) == len(levels):
+        return f"wins {metric} at every concurrency ({span})"
+    if not wins:
+        return f"loses {metric} at every concurrency ({span})"
+    lost = [c for c in levels if c not in wins]
+    return (f"wins {metric} at concurrency {listing(wins)} and loses it at {listing(lost)} "
+            f"({', '.join(f'{ratio[c]:.2f}x' for c in lost)})")
+
+
+hi = levels[-1]
+seed_direction = (mean[hi] > 1) == (SEED_004["ttft_mean"] > 1) and (thru[hi] > 1) == (SEED_004["throughput"] > 1)
+hit = at("on", hi)["token_hit_rate"]
+why = (f"each request here generates {output_len} output tokens against seed 004's 100, so the prefill the cache "
+       "saves is a larger share of each request" if thru[hi] > SEED_004["throughput"] else
+       f"here {hit:.0%} of prompt tokens were reused, {'fewer' if hit < 25088 / 32000 else 'no fewer'} than seed 004's "
+       f"{25088 / 32000:.0%} on its cold run (25,088 of 32,000)")
+finding = (f"**Prefix caching (paged) {verdict('TTFT p50', ttft_wins, ttft)}, and "
+           f"{verdict('output throughput', thru_wins, thru)}** on kvlab serve ({m.name}, {num_prompts} prompts a level). "
+           f"Seed 004's claim {'reproduces in direction' if seed_direction else 'does not reproduce'}: at concurrency "
+           f"{hi}, the highest here, the TTFT mean ratio was {mean[hi]:.2f}x and throughput {thru[hi]:.2f}x against the "
+           f"published {SEED_004['ttft_mean']:.2f}x and {SEED_004['throughput']:.2f}x (Qwen3-0.6B, vllm-metal, one load "
+           f"level), {mean[hi] / SEED_004['ttft_mean']:.2f}x and {thru[hi] / SEED_004['throughput']:.2f}x the published "
+           f"ratios; {why}.\n\n| concurrency | TTFT p50, off → on (ms) | output throughput, off → on (tokens/s) | "
+           "token hit rate (on) |\n|---|---|---|---|\n" + "".join(
+               f"| {c} | {at('off', c)['ttft_ms_p50']:.0f} → {at('on', c)['ttft_ms_p50']:.0f}: "
+               f"{'on' if ttft[c] > 1 else 'off'} wins, {max(ttft[c], 1 / ttft[c]):.2f}x | "
+               f"{at('off', c)['output_throughput']:.1f} → {at('on', c)['output_throughput']:.1f}: "
+               f"{'on' if thru[c] > 1 else 'off'} wins, {max(thru[c], 1 / thru[c]):.2f}x | {at('on', c)['token_hit_rate']:.0%} |\n"
+               for c in levels))
+p = results.filter((pl.col("section") == "peers") & pl.col("ttft_ms_p50").is_not_null())
+if p.height > 1:
+    by_ttft, by_thru = p.sort("ttft_ms_p50"), p.sort("output_throughput", descending=True)
+    t0, t1, tn = by_ttft.row(0, named=True), by_ttft.row(1, named=True), by_ttft.row(-1, named=True)
+    u0, u1 = by_thru.row(0, named=True), by_thru.row(1, named=True)
+    finding += (f"\n\n**Across {p.height} servers at concurrency {SERVER_CONCURRENCY}** (the same load): {t0['server']} had "
+                f"the lowest TTFT p50, {t0['ttft_ms_p50']:.0f} ms, {t1['ttft_ms_p50'] / t0['ttft_ms_p50']:.2f}x faster than "
+                f"the next, {t1['server']} ({t1['ttft_ms_p50']:.0f} ms), and {tn['ttft_ms_p50'] / t0['ttft_ms_p50']:.1f}x "
+                f"faster than the slowest, {tn['server']} ({tn['ttft_ms_p50']:.0f} ms); {u0['server']} had the highest "
+                f"output throughput, {u0['output_throughput']:.1f} tokens/s, "
+                f"{u0['output_throughput'] / u1['output_throughput']:.2f}x the next, {u1['server']} "
+                f"({u1['output_throughput']:.1f} tokens/s).")
 Markdown(finding)

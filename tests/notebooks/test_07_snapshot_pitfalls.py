@@ -26,6 +26,27 @@ def test_07_snapshot_pitfalls(tmp_path):
     assert value("non_trimmable", "kvlab", "trim_raised") == 1      # kv.trim raises NotTrimmableError
     assert value("non_trimmable", "naive", "engine_reused_tokens") == 0
     assert value("non_trimmable", "kvlab", "engine_reused_tokens") > 0
+    tol = value("stale_tail", "both", "logit_tolerance")
+    assert tol == 1e-4  # kvlab's float32 bound for a small model (kvlab.primitives.tolerance)
+
+    # the finding opens with the verdict recomputed from the table, then each pitfall's figures
+    # (mutants: the verdict's stale-tail test flipped to `< tol`, which says "2 of 3 pitfalls
+    # reproduce"; the table's kvlab column filled from the naive rows)
     text = finding(nb)
-    assert f"changed in {layers:.0f} of {layers:.0f} layers after a trim and an append; kv.snapshot in 0." in text
-    assert "took 256 tokens instead of 64" in text and "kv.trim raised NotTrimmableError" in text
+    broke = [value("aliasing", "naive", "layers_changed") > 0, value("stale_tail", "naive", "max_logit_diff") > tol,
+             value("non_trimmable", "naive", "engine_reused_tokens") == 0]
+    held = [value("aliasing", "kvlab", "layers_changed") == 0, value("stale_tail", "kvlab", "max_logit_diff") <= tol,
+            value("non_trimmable", "kvlab", "trim_raised") == 1
+            and value("non_trimmable", "kvlab", "engine_reused_tokens") > 0]
+    assert all(broke) and all(held)
+    assert text.startswith("**All 3 pitfalls reproduce on tiny, and kvlab's way avoids each.**")
+    assert (f"Seed 002's review claim that a snapshot sharing the live cache is corrupted once the cache is "
+            f"mutated reproduces here: {layers:.0f} of {layers:.0f} layers changed.") in text
+    assert (f"| aliasing (vllm-mlx#575) | {layers:.0f} of {layers:.0f} layers changed under the snapshot after a trim "
+            f"and an append | kv.snapshot: 0 of {layers:.0f} |") in text
+    naive_diff, kvlab_diff = value("stale_tail", "naive", "max_logit_diff"), value("stale_tail", "kvlab", "max_logit_diff")
+    assert (f"| stale tail (vllm-mlx#384) | a copy by buffer holds 256 tokens instead of 64; logits off by "
+            f"{naive_diff:.2f} | kv.trim: 64 tokens, logits off by {kvlab_diff:.1e} |") in text
+    reused = value("non_trimmable", "kvlab", "engine_reused_tokens")
+    assert (f"| trim_prompt_cache trimmed 0 tokens and said nothing; the Engine without checkpoints reused 0 tokens "
+            f"| kv.trim raised NotTrimmableError; with checkpoints the Engine reused {reused:.0f} tokens |") in text

@@ -37,10 +37,37 @@ def test_08_assemble_an_engine(tmp_path):
     second = df.filter(pl.col("request") == 2).row(0, named=True)
     follow = rows["follow-up"].row(0, named=True)
     assert follow["reused_tokens"] >= second["prompt_tokens"] // BLOCK * BLOCK  # the whole earlier turn
+    # the finding opens with the verdict recomputed from the table, then the memory the primitives
+    # leave on the table and one row per request (mutants: the byte ratio inverted; a typed verdict:
+    # the zero-tolerance test below)
     text = finding(nb)
-    assert f"reused {df['reused_tokens'].sum()} of {df['prompt_tokens'].sum()} prompt tokens over 6 requests" in text
-    assert "kv.PagedStore reused the same on 6 of 6" in text
-    assert f"(6 of 6 under the {df['tolerance'][0]:g} tolerance)" in text
+    tol = df["tolerance"][0]
+    same = df["same_reuse"] & df["same_logits"]
+    assert same.all()
+    assert text.startswith(f"**The prefix cache assembled from the primitives matches it on all 6 requests** (kv.Engine "
+                           f"with kv.PagedStore): the same reused tokens on 6 of 6, next-token logits within the {tol:g} "
+                           f"tolerance on 6 of 6 (at most {df['max_logit_diff_vs_engine'].max():.1e} from the engine's")
+    assert f"It reused {df['reused_tokens'].sum()} of {df['prompt_tokens'].sum()} prompt tokens." in text
+    a, s = df["assembled_bytes"][0], df["store_bytes"][0]
+    assert a > s > 0  # the snapshots keep every prompt whole; the store keeps each block once
+    from kvlab.primitives.units import fmt_bytes
+
+    assert f"its snapshots hold {fmt_bytes(a)}, {a / s:.1f}x the {fmt_bytes(s)} kv.PagedStore holds" in text
+    for r in df.iter_rows(named=True):
+        assert (f"| {r['request']} · {r['kind']} | {r['reused_tokens']} / {r['prompt_tokens']} | "
+                f"{r['engine_reused_tokens']} | {r['max_logit_diff_vs_engine']:.1e} |") in text
+
+
+@pytest.mark.notebook
+def test_08_finding_says_which_requests_differ(tmp_path):
+    # a zero tolerance no logit difference passes (the check is strict): the finding must say the two
+    # differ and on which requests, not repeat "matches" (mutant: `same.all()` replaced by True)
+    df, nb = execute("08_assemble_an_engine", tmp_path, users=3, tolerance=0.0)
+    assert df["same_reuse"].all() and not df["same_logits"].any()
+    kinds = ", ".join(f"{i} {k}" for i, k in zip(df["request"], df["kind"]))
+    assert finding(nb).startswith(f"**The prefix cache assembled from the primitives differs from it on 6 of 6 requests "
+                                  f"({kinds})** (kv.Engine with kv.PagedStore): the same reused tokens on 6 of 6, "
+                                  "next-token logits within the 0 tolerance on 0 of 6")
 
 
 def test_08_is_well_under_a_hundred_lines_of_code():
