@@ -236,6 +236,11 @@ def _describe_failure(err, source_nb, notebook: Path, executed: Path) -> tuple[s
 
 # ---------------------------------------------------------------------------------------- running
 
+# nbclient waits only 4 s for a cell's last outputs after its reply, then drops them with a
+# warning: on a loaded machine a Findings cell came back empty. Wait as long as a slow kernel needs.
+IOPUB_TIMEOUT_S = 120
+
+
 def run_notebook(path, parameters: Mapping | None = None, out_dir=None, *,
                  kernel_name: str | None = None, timeout: float | None = None,
                  html_export: bool = True, progress: bool = False, log_output: bool = False,
@@ -291,7 +296,7 @@ def run_notebook(path, parameters: Mapping | None = None, out_dir=None, *,
                 str(notebook), str(executed), parameters=params, kernel_name=kernel,
                 language="python", progress_bar=progress, log_output=log_output,
                 cwd=str(notebook.parent.resolve()), start_timeout=180,
-                execution_timeout=timeout, **manager_config())
+                execution_timeout=timeout, iopub_timeout=IOPUB_TIMEOUT_S, **manager_config())
     except PapermillExecutionError as e:
         error, failed_cell = _describe_failure(e, source_nb, notebook, executed)
     except Exception as e:  # kernel died, timeout, no such kernel: still name what happened
