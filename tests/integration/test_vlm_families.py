@@ -117,15 +117,16 @@ def _mlx_vlm_logits(vlm, toks, img):
     from mlx_vlm.models.cache import make_prompt_cache
 
     px = vlm.process_image(img)
-    extra = {"image_grid_thw": mx.array([px.grid])} if vlm.adapter.mrope else {}
+    extra = {} if vlm.arch == "gemma4" else {"image_grid_thw": mx.array([px.grid])}
     return vlm.module(mx.array(toks.ids)[None], pixel_values=px.pixel_values,
                       cache=make_prompt_cache(vlm.module.language_model), **extra).logits[0]
 
 
 def test_cold_logits_match_mlx_vlm(vlm):
-    """The anchor. Mutants caught: plain positions for qwen3_5 (Qwen35Adapter.mrope = False:
-    diff 0.9); gemma4's image features scaled by sqrt(hidden) like token embeddings, or its image
-    tokens' per-layer inputs taken from the placeholder id instead of 0."""
+    """The anchor. Mutants caught: plain positions for the M-RoPE models (RequestModel.positions
+    without get_rope_index); gemma4's image features scaled by sqrt(hidden) like token
+    embeddings (diff 11.7), or its image tokens' per-layer inputs taken from the placeholder id
+    instead of 0 (diff 10.7)."""
     img = _image(7)
     toks = kv.tokenise(vlm, _msgs(img))
     mine, _ = vlm.prefill(toks, all_logits=True)
