@@ -124,7 +124,7 @@ def _mlx_vlm_logits(vlm, toks, img):
 
 def test_cold_logits_match_mlx_vlm(vlm):
     """The anchor. Mutants caught: plain positions for the M-RoPE models (RequestModel.positions
-    without get_rope_index); gemma4's image features scaled by sqrt(hidden) like token
+    without get_rope_index: diff 4.0 qwen2_vl, 1.9 qwen3_5); gemma4's image features scaled by sqrt(hidden) like token
     embeddings (diff 11.7), or its image tokens' per-layer inputs taken from the placeholder id
     instead of 0 (diff 10.7)."""
     img = _image(7)
