@@ -83,9 +83,10 @@ def _common(a, b) -> int:
 # -- loading ----------------------------------------------------------------------------------
 
 def test_each_tiny_vlm_has_its_family_cache_and_qwen_vision_tokens(vlm):
-    # mutant caught: mlx-vlm's own make_cache used as it is (its ArraysCache/RotatingKVCache are
-    # not mlx-lm's: the layout says "unknown to kvlab" and no store can snapshot them)
+    # mutant caught: mlx-vlm's own make_cache used as it is: its cache classes share mlx-lm's
+    # names (so the layout reads the same) but not their types, which kvlab's snapshots dispatch on
     assert vlm.layout.summary() == LAYOUT[vlm.arch]
+    assert {type(c).__module__ for c in vlm.make_cache()} == {"mlx_lm.models.cache"}
     assert vlm.kind == "vlm" and vlm.dtype == "float32" and (vlm.path / "kvlab.json").is_file()
     tok = vlm.tokenizer._tokenizer
     assert vlm.image_token_id == tok.convert_tokens_to_ids("<|image_pad|>") == 151655
