@@ -78,13 +78,9 @@ def tiny_vlm_config() -> dict:
                               "temporal_patch_size": 2}}
 
 
-def ensure_tiny_vlm(with_status: bool = False, arch: str = "qwen2_vl"):
-    """The folder of the tiny VLM of ``arch``, built once (temp dir + rename, like kv.load's tiny
-    models); ``with_status=True`` gives ``(folder, built_now)``."""
-    if arch != "qwen2_vl":
-        from .tiny_archs import ensure_tiny_arch
-
-        return ensure_tiny_arch(arch, with_status)
+def ensure_tiny_vlm(with_status: bool = False):
+    """The tiny qwen2_vl's folder, built once (temp dir + rename, like kv.load's tiny models);
+    ``with_status=True`` gives ``(folder, built_now)``. The others: ``tiny_archs.ensure_tiny_arch``."""
     return ensure_tiny_folder("tiny-qwen2vl", tiny_vlm_config(), build_tiny_vlm, with_status, name="tiny-vlm",
                               builder=f"tiny-vlm-{TINY_VLM_VERSION}", preprocessor=TINY_PREPROCESSOR)
 

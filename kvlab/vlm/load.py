@@ -26,6 +26,7 @@ from ..models.loading import context_length_of, materialise  # noqa: E402
 from .archs import SUPPORTED_ARCHS, adapter_for  # noqa: E402
 from .build import PROCESSOR_FILES, ensure_tiny_vlm  # noqa: E402
 from .model import VLModel  # noqa: E402
+from .tiny_archs import ensure_tiny_arch  # noqa: E402
 
 TINY_PREFIXES = ("tiny:", "tiny-vlm:")
 HOW = ("pass \"tiny\", \"tiny:<arch>\" (" + ", ".join(SUPPORTED_ARCHS) + ") or a local mlx-vlm folder "
@@ -61,8 +62,9 @@ def load_vlm(name_or_path: str | os.PathLike = "tiny", *, dtype: str | None = No
         if arch not in SUPPORTED_ARCHS:
             raise ModelNotFoundError(f"no tiny VLM {key!r}: kvlab builds "
                                      + ", ".join(f"tiny-vlm:{a}" for a in SUPPORTED_ARCHS))
-        name = "tiny-vlm" if arch == "qwen2_vl" else f"tiny-vlm:{arch}"
-        return load_folder(ensure_tiny_vlm(arch=arch), name, dtype)
+        if arch == "qwen2_vl":
+            return load_folder(ensure_tiny_vlm(), "tiny-vlm", dtype)
+        return load_folder(ensure_tiny_arch(arch), f"tiny-vlm:{arch}", dtype)
     path = Path(key).expanduser()
     if not path.is_dir():
         raise ModelNotFoundError(f"{key!r} is neither \"tiny\" nor a local folder: {HOW}")
