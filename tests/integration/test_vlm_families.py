@@ -139,6 +139,33 @@ def test_cold_logits_match_mlx_vlm(vlm):
     assert float(mx.abs(other[-1] - mine[-1]).max()) > WRONG_KV_MIN
 
 
+def test_text_only_net_and_decode_match_mlx_vlm(vlm):
+    """``kv.prefill(vlm, ids)`` (the text-only net) equals mlx-vlm's language model, and one decode
+    step after an image prompt equals mlx-vlm's own stateful decode (M-RoPE continues from the
+    prompt's last position; plain positions from the offset). Mutant caught: decode positions
+    continuing from the token count instead of the M-RoPE delta (qwen2_vl / qwen3_5)."""
+    from mlx_vlm.models.cache import make_prompt_cache
+
+    lm = vlm.module.language_model
+    ids = kv.tokenise(vlm, _text("Name a colour.")).ids
+    mine, _ = kv.prefill(vlm, ids, all_logits=True)
+    x = mx.array(ids)[None]
+    # positions passed explicitly: mlx-vlm's M-RoPE models keep the last image request's positions
+    extra = {} if vlm.arch == "gemma4" else {"position_ids": lm.get_rope_index(x, None, None, None)[0]}
+    ref = lm(x, cache=make_prompt_cache(lm), **extra).logits[0]
+    assert float(mx.abs(mine - ref).max()) <= LOGIT_TOL
+    img = _image(12)
+    toks = kv.tokenise(vlm, _msgs(img))
+    px = vlm.process_image(img)
+    theirs = make_prompt_cache(lm)
+    grid = {} if vlm.arch == "gemma4" else {"image_grid_thw": mx.array([px.grid])}
+    vlm.module(mx.array(toks.ids)[None], pixel_values=px.pixel_values, cache=theirs, **grid)
+    nxt = mx.array([[1234]])
+    ref = lm(nxt, cache=theirs).logits
+    _, ours = vlm.prefill(toks)
+    assert float(mx.abs(vlm.for_request(toks)(nxt, cache=ours) - ref).max()) <= LOGIT_TOL
+
+
 def test_prompt_in_two_pieces_equals_one_pass(vlm):
     """Cut before, inside and after the image (and one token before the end): the second piece
     runs on the first piece's cache, so features and positions must start at the cache offset.
