@@ -12,6 +12,12 @@ The facts asserted:
      ends and the prompt end) exactly as their text families do, or refuse naming the layer;
   3. the ids-only mutant (image_keys=False) replays another image's KV: verify_diff > WRONG_KV_MIN.
 
+Mutants checked by hand (each test names its own): plain positions for the M-RoPE models, gemma4
+image features scaled like token embeddings, gemma4 per-layer inputs from the placeholder id,
+features sliced from the chunk start, qwen3_5's recurrent state not written back after a chunk,
+mlx-vlm's cache classes used as they are, decode positions without the M-RoPE delta, cache keys
+without image hashes (kvlab.keys: "other image" verify_diff 3.1 / 8.2 / 7.0).
+
 LOGIT_TOL: float32 tiny models; restored KV/state is what a cold prefill computes, so cached and
 cold logits differ only by the order of float additions of a prompt run in pieces (measured
 3e-6..2e-5).
