@@ -1,7 +1,10 @@
-"""The tiny VLM: a deterministic random-weight qwen2_vl built offline into $KVLAB_HOME with the
-real Qwen tokenizer (its vision token ids match), a Qwen2-VL chat template and a small-image
-preprocessor config. Built once, in a temporary folder renamed into place (as kv.load's tiny
-models are).
+"""The tiny VLMs: deterministic random-weight mlx-vlm models built offline into $KVLAB_HOME with
+the real Qwen tokenizer, a chat template whose image placeholder is ``<|image_pad|>`` (the
+config's image_token_id) and a small-image preprocessor config. Built once, in a temporary folder
+renamed into place (as kv.load's tiny models are).
+
+- ``qwen2_vl`` (``kv.load_vlm("tiny")``): 4 dense layers, a 2-block vision tower;
+- ``qwen3_5`` and ``gemma4`` (``kv.load("tiny-vlm:<arch>")``): ``kvlab.vlm.tiny_archs``.
 
 Example:
     >>> tiny_vlm_config()["vision_config"]["depth"]
@@ -76,15 +79,14 @@ def tiny_vlm_config() -> dict:
 
 
 def ensure_tiny_vlm(with_status: bool = False):
-    """The tiny VLM's folder, built once (temp dir + rename, like kv.load's tiny models);
-    ``with_status=True`` gives ``(folder, built_now)``."""
+    """The tiny qwen2_vl's folder, built once (temp dir + rename, like kv.load's tiny models);
+    ``with_status=True`` gives ``(folder, built_now)``. The others: ``tiny_archs.ensure_tiny_arch``."""
     return ensure_tiny_folder("tiny-qwen2vl", tiny_vlm_config(), build_tiny_vlm, with_status, name="tiny-vlm",
                               builder=f"tiny-vlm-{TINY_VLM_VERSION}", preprocessor=TINY_PREPROCESSOR)
 
 
-def build_tiny_vlm(out: Path, cfg: dict) -> None:
-    """Write a random-weight mlx-vlm folder for ``cfg`` into ``out`` (weights seeded per name)."""
-    from mlx.utils import tree_flatten, tree_unflatten
+def instantiate(cfg: dict):
+    """An mlx-vlm model object for ``cfg`` (mlx-vlm's own config classes), randomly initialised."""
     from mlx_vlm.utils import get_model_and_args, update_module_configs
 
     model_class, _ = get_model_and_args(config=dict(cfg))
@@ -92,7 +94,25 @@ def build_tiny_vlm(out: Path, cfg: dict) -> None:
     raw.setdefault("text_config", {})
     model_config = model_class.ModelConfig.from_dict(raw)
     model_config = update_module_configs(model_config, model_class, raw, ["text", "vision"])
-    model = model_class.Model(model_config)
+    return model_class.Model(model_config)
+
+
+def write_tokenizer(out: Path, template: str) -> None:
+    """The Qwen tokenizer files with ``template`` as the chat template."""
+    src = qwen_tokenizer_dir()
+    for fname in ("tokenizer.json", "vocab.json", "merges.txt"):
+        shutil.copyfile(src / fname, out / fname)
+    tok_cfg = json.loads((src / "tokenizer_config.json").read_text(encoding="utf-8"))
+    tok_cfg["chat_template"] = template  # the Qwen3 text template has no image parts
+    (out / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2))
+    (out / "chat_template.json").write_text(json.dumps({"chat_template": template}))
+
+
+def build_tiny_vlm(out: Path, cfg: dict) -> None:
+    """Write a random-weight mlx-vlm folder for ``cfg`` into ``out`` (weights seeded per name)."""
+    from mlx.utils import tree_flatten, tree_unflatten
+
+    model = instantiate(cfg)
     params = {}
     for name, p in tree_flatten(model.parameters()):
         if p.ndim == 1:  # norm scales one, biases zero
@@ -104,13 +124,7 @@ def build_tiny_vlm(out: Path, cfg: dict) -> None:
             value = tiny_rng(name).standard_normal(p.shape, dtype=np.float32) * np.float32(std)
         params[name] = mx.array(value)
     model.update(tree_unflatten(list(params.items())))
-    src = qwen_tokenizer_dir()
-    for fname in ("tokenizer.json", "vocab.json", "merges.txt"):
-        shutil.copyfile(src / fname, out / fname)
-    tok_cfg = json.loads((src / "tokenizer_config.json").read_text(encoding="utf-8"))
-    tok_cfg["chat_template"] = QWEN2_VL_TEMPLATE  # the Qwen3 text template has no image parts
-    (out / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2))
-    (out / "chat_template.json").write_text(json.dumps({"chat_template": QWEN2_VL_TEMPLATE}))
+    write_tokenizer(out, QWEN2_VL_TEMPLATE)
     (out / "preprocessor_config.json").write_text(json.dumps(TINY_PREPROCESSOR, indent=2))
     # written so mlx-vlm finds it locally instead of asking the hub
     (out / "processor_config.json").write_text(json.dumps({"processor_class": "Qwen2VLProcessor"}))

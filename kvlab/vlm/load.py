@@ -1,8 +1,12 @@
-"""load_vlm(): "tiny" or a local mlx-vlm qwen2_vl folder as a kvlab VLModel. Never downloads.
+"""load_vlm(): "tiny" (qwen2_vl), "tiny:<arch>" (a tiny VLM of qwen2_vl, qwen3_5 or gemma4) or a
+local mlx-vlm folder of a supported architecture as a kvlab VLModel. Never downloads.
+``kv.load("tiny-vlm:<arch>")`` routes here.
 
 Example:
     >>> kv.load_vlm("tiny")
     VLModel('tiny-vlm', qwen2_vl, 4 layers, ...)
+    >>> kv.load_vlm("tiny:qwen3_5").layout.summary()                    # doctest: +SKIP
+    '2 x recurrent state (ArraysCache), 2 x full-attention KV'
 """
 
 from __future__ import annotations
@@ -19,12 +23,15 @@ from ..errors import ModelNotFoundError, VLMUnavailableError  # noqa: E402
 from ..models.folders import TOKENIZER_FILES, digest_files, read_manifest, sha256_json  # noqa: E402
 from ..models.dtypes import cast, check_dtype, choose, stored_dtype  # noqa: E402
 from ..models.loading import context_length_of, materialise  # noqa: E402
+from .archs import SUPPORTED_ARCHS, adapter_for  # noqa: E402
 from .build import PROCESSOR_FILES, ensure_tiny_vlm  # noqa: E402
 from .model import VLModel  # noqa: E402
+from .tiny_archs import ensure_tiny_arch  # noqa: E402
 
-SUPPORTED_ARCHS = ("qwen2_vl",)
-HOW = ("pass \"tiny\" or a local mlx-vlm qwen2_vl folder (config.json with a vision_config, "
-       "*.safetensors, tokenizer and preprocessor_config.json); kvlab never downloads models")
+TINY_PREFIXES = ("tiny:", "tiny-vlm:")
+HOW = ("pass \"tiny\", \"tiny:<arch>\" (" + ", ".join(SUPPORTED_ARCHS) + ") or a local mlx-vlm folder "
+       "of one of those architectures (config.json with a vision_config, *.safetensors, tokenizer and "
+       "preprocessor_config.json); kvlab never downloads models")
 
 
 def require_mlx_vlm() -> None:
@@ -37,8 +44,9 @@ def require_mlx_vlm() -> None:
 
 
 def load_vlm(name_or_path: str | os.PathLike = "tiny", *, dtype: str | None = None) -> VLModel:
-    """Load "tiny" (a deterministic random-weight qwen2_vl, built offline into $KVLAB_HOME) or a
-    local mlx-vlm qwen2_vl folder. Never downloads.
+    """Load "tiny" (a deterministic random-weight qwen2_vl, built offline into $KVLAB_HOME),
+    "tiny:<arch>" / "tiny-vlm:<arch>" (the tiny VLM of qwen2_vl, qwen3_5 or gemma4:
+    ``kvlab.vlm.tiny_archs``) or a local mlx-vlm folder of one of those. Never downloads.
 
     Example:
         >>> vlm = kv.load_vlm("tiny"); vlm
@@ -49,6 +57,14 @@ def load_vlm(name_or_path: str | os.PathLike = "tiny", *, dtype: str | None = No
     key = os.fspath(name_or_path)
     if key in ("tiny", "tiny-vlm"):
         return load_folder(ensure_tiny_vlm(), "tiny-vlm", dtype)
+    if key.startswith(TINY_PREFIXES):
+        arch = key.split(":", 1)[1]
+        if arch not in SUPPORTED_ARCHS:
+            raise ModelNotFoundError(f"no tiny VLM {key!r}: kvlab builds "
+                                     + ", ".join(f"tiny-vlm:{a}" for a in SUPPORTED_ARCHS))
+        if arch == "qwen2_vl":
+            return load_folder(ensure_tiny_vlm(), "tiny-vlm", dtype)
+        return load_folder(ensure_tiny_arch(arch), f"tiny-vlm:{arch}", dtype)
     path = Path(key).expanduser()
     if not path.is_dir():
         raise ModelNotFoundError(f"{key!r} is neither \"tiny\" nor a local folder: {HOW}")
@@ -72,8 +88,9 @@ def load_folder(folder: Path, name: str, dtype: str | None) -> VLModel:
     arch = config.get("model_type")
     if arch not in SUPPORTED_ARCHS:
         raise ModelNotFoundError(f"{folder} is a {arch!r} model; kvlab's image prefill supports "
-                                 f"{', '.join(SUPPORTED_ARCHS)} (M-RoPE positions and the vision "
-                                 "tower call are architecture-specific)")
+                                 f"{', '.join(SUPPORTED_ARCHS)} (image features, positions and the "
+                                 "language-model call are architecture-specific: kvlab.vlm.archs)")
+    adapter_for(arch)
     try:
         model, processor = mlx_vlm.load(str(folder))  # an existing local folder: never the hub
     except (ValueError, FileNotFoundError, KeyError, OSError) as e:

@@ -19,7 +19,6 @@ from .. import _blas
 _blas.load_fast_blas()  # before mlx.core
 
 import mlx.core as mx  # noqa: E402
-import numpy as np  # noqa: E402
 
 from ..errors import ImageError, KvlabError, TemplateError  # noqa: E402
 from ..models.loading import Model  # noqa: E402
@@ -27,6 +26,7 @@ from ..primitives.chat_template import (char_to_token_span, encode_with_offsets,
                                         has_content_lists, is_messages, message_char_spans, render,
                                         validate_messages)
 from ..primitives.tokens import ImageRef, Span, Tokens  # noqa: E402
+from .archs import Adapter, adapter_for  # noqa: E402
 from .images import Pixels, image_hash, image_source, load_image, placeholder_runs  # noqa: E402
 from .net import RequestModel, cache_offset  # noqa: E402
 
@@ -51,16 +51,26 @@ class VLModel(Model):
     _memo: OrderedDict = dataclasses.field(default_factory=OrderedDict, repr=False)
 
     @property
+    def adapter(self) -> Adapter:
+        """What is specific to this architecture (``kvlab.vlm.archs``)."""
+        return adapter_for(self.arch)
+
+    @property
     def image_token(self) -> str:
-        return getattr(self.processor, "image_token", "<|image_pad|>")
+        return self.adapter.image_token
 
     @property
     def image_token_id(self) -> int:
         return int(self.module.config.image_token_id)
 
     @property
-    def merge_size(self) -> int:
-        return int(getattr(self.processor.image_processor, "merge_size", 2))
+    def num_layers(self) -> int:
+        return len(self.module.language_model.model.layers)
+
+    def make_cache(self) -> list:
+        """A fresh mlx-lm prompt cache of this VLM's language model (mlx-vlm's own cache classes
+        mapped onto mlx-lm's, which kvlab's snapshots and stores know)."""
+        return self.adapter.make_cache(self.module)
 
     @property
     def net(self) -> RequestModel:
@@ -151,13 +161,11 @@ class VLModel(Model):
             self._memo.move_to_end(h)
             return self._memo[h]
         try:
-            out = self.processor.image_processor(images=[img])
-        except Exception as e:  # the numpy processor raises ValueError/IndexError/... on odd sizes
+            values, grid, tokens = self.adapter.process(self.processor.image_processor, img)
+        except Exception as e:  # the numpy processors raise ValueError/IndexError/... on odd sizes
             raise ImageError(f"the image processor rejected a {img.size[0]}x{img.size[1]} image "
                              f"({type(e).__name__}: {e}); resize it to a usual aspect ratio") from e
-        grid = tuple(int(x) for x in np.asarray(out["image_grid_thw"])[0])
-        tokens = int(np.prod(grid)) // self.merge_size**2
-        pixels = Pixels(h, mx.array(np.asarray(out["pixel_values"])), grid, tokens)
+        pixels = Pixels(h, values, grid, tokens)
         self._memo[h] = pixels
         while len(self._memo) > IMAGE_MEMO:
             self._memo.popitem(last=False)
@@ -199,8 +207,6 @@ class VLModel(Model):
         return prefill(net, tokens.ids[start:], cache, all_logits=all_logits)
 
     def _fields(self) -> dict:
-        vc = self.config.get("vision_config", {})
-        return {**super()._fields(), "kind": self.kind,
-                "vision": f"{vc.get('depth', '?')} blocks, embed {vc.get('embed_dim', '?')}",
+        return {**super()._fields(), "kind": self.kind, "vision": self.adapter.vision_summary(self.config),
                 "images memoised": len(self._memo)}
 

@@ -27,11 +27,16 @@ from .images import Pixels, image_parts, image_source, load_image, placeholder_r
 
 
 def cache_offset(cache) -> int:
-    """How many tokens an mlx-lm prompt cache holds (0 for None or an empty cache)."""
-    if not cache:
-        return 0
-    off = getattr(cache[0], "offset", 0)
-    return int(off.max().item()) if isinstance(off, mx.array) else int(off or 0)
+    """How many tokens an mlx-lm prompt cache holds (0 for None or an empty cache): the offset of
+    its first attention layer (a recurrent layer's state does not say; a sliding window's offset
+    counts every token it has seen)."""
+    from mlx_lm.models.cache import ArraysCache
+
+    for c in cache or ():
+        if not isinstance(c, ArraysCache):
+            off = c.offset
+            return int(off.max().item()) if isinstance(off, mx.array) else int(off or 0)
+    return 0
 
 
 class RequestModel:
@@ -39,7 +44,8 @@ class RequestModel:
 
     The chunk's first position is the cache's offset; where the chunk covers an image's
     placeholders it embeds that image's vision features (computed once, only if needed), and it
-    passes the request's M-RoPE position ids explicitly, so a prefill on top of a restored prefix
+    passes the request's M-RoPE position ids explicitly (an M-RoPE model; others take plain
+    positions from the cache offset: ``kvlab.vlm.archs``), so a prefill on top of a restored prefix
     (or past the prompt, when decoding) uses the same positions as a cold run. It holds no state
     of mlx-vlm's own (mlx-vlm's language model caches rope deltas between calls; this does not use
     that path). Quack like an mlx-lm model: ``kv.prefill(net, ids, cache)``, mlx-lm's
@@ -76,7 +82,7 @@ class RequestModel:
 
     @property
     def layers(self):
-        return self.vlm.module.layers
+        return self.vlm.module.language_model.model.layers
 
     @property
     def net(self) -> "RequestModel":
@@ -97,10 +103,10 @@ class RequestModel:
     def __call__(self, inputs: mx.array, cache=None, **kwargs) -> mx.array:
         if kwargs.get("input_embeddings") is not None:
             raise KvlabError("RequestModel computes its own input embeddings; do not pass them")
-        lm = self.vlm.module.language_model
+        adapter, module = self.vlm.adapter, self.vlm.module
         start, length = cache_offset(cache), inputs.shape[1]
         got = self._checked(inputs, start)
-        embeds = lm.model.embed_tokens(inputs)
+        embeds = adapter.embed(module, inputs)
         for i, ref in enumerate(self.images):
             a, b = max(start, ref.token_start), min(start + length, ref.token_end)
             if a >= b:
@@ -110,10 +116,9 @@ class RequestModel:
                                  "this RequestModel was bound to other tokens (or the cache offset is "
                                  "not where these ids start)")
             feats = self._image_features(i)
-            embeds[:, a - start: b - start] = feats[a - ref.token_start: b - ref.token_start][None]
-        out = lm(inputs, inputs_embeds=embeds, cache=cache,
-                 position_ids=self.positions(start, start + length))
-        return out.logits
+            embeds[:, a - start: b - start] = feats[a - ref.token_start: b - ref.token_start][None].astype(embeds.dtype)
+        positions = self.positions(start, start + length) if adapter.mrope else None
+        return adapter.run(module, inputs, embeds, cache, positions)
 
     def _checked(self, inputs: mx.array, start: int) -> list[int]:
         """The chunk's ids, or TokenIdError / ImageError before MLX gathers their embeddings."""
@@ -175,9 +180,7 @@ class RequestModel:
     def _image_features(self, i: int) -> mx.array:
         if i not in self._features:
             p = self._pixels_of(i)
-            tower = self.vlm.module.vision_tower
-            dtype = tower.patch_embed.proj.weight.dtype
-            feats = tower(p.pixel_values.astype(dtype), mx.array([p.grid]), output_hidden_states=False)
+            feats = self.vlm.adapter.features(self.vlm.module, p.pixel_values, p.grid)
             if feats.shape[0] != p.tokens:
                 raise ImageError(f"the vision tower made {feats.shape[0]} features for image {i}, "
                                  f"which has {p.tokens} placeholders: the model and its "

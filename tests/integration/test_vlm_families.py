@@ -1,0 +1,266 @@
+"""The tiny VLMs of the seed's cache families (``kv.load("tiny-vlm:<arch>")``: qwen2_vl dense,
+qwen3_5 GatedDeltaNet hybrid, gemma4 sliding window + KV-shared layers) with every store.
+
+The facts asserted:
+  1. each adapter matches mlx-vlm: RequestModel's cold logits equal mlx-vlm's own
+     ``model(input_ids, pixel_values, ...)`` forward pass, and a prompt prefilled in two pieces
+     (cut before, inside and after the image) equals one pass;
+  2. per tiny VLM x store, exact reused token counts for (a) a second text-only request with the
+     same system prompt, (b) the same image again in the next turn, (c) a different image with
+     the same ids: reuse stops at or before the image's first placeholder; every verify_diff
+     within LOGIT_TOL of a cold run. Sliding and hybrid families reuse at checkpoints (message
+     ends and the prompt end) exactly as their text families do, or refuse naming the layer;
+  3. the ids-only mutant (image_keys=False) replays another image's KV: verify_diff > WRONG_KV_MIN.
+
+Mutants checked by hand (each test names its own): plain positions for the M-RoPE models, gemma4
+image features scaled like token embeddings, gemma4 per-layer inputs from the placeholder id,
+features sliced from the chunk start, qwen3_5's recurrent state not written back after a chunk,
+mlx-vlm's cache classes used as they are, decode positions without the M-RoPE delta, cache keys
+without image hashes (kvlab.keys: "other image" verify_diff 3.1 / 8.2 / 7.0).
+
+LOGIT_TOL: float32 tiny models; restored KV/state is what a cold prefill computes, so cached and
+cold logits differ only by the order of float additions of a prompt run in pieces (measured
+3e-6..2e-5).
+"""
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+import kvlab as kv
+from kvlab.primitives.tolerance import tolerance
+
+pytest.importorskip("mlx_vlm")
+
+import mlx.core as mx  # noqa: E402  (after kvlab: OpenBLAS first)
+from PIL import Image  # noqa: E402
+
+from kvlab.primitives.snapshots import prefill  # noqa: E402
+from kvlab.vlm import archs  # noqa: E402
+
+pytestmark = [pytest.mark.vlm, pytest.mark.model]
+
+LOGIT_TOL = tolerance("float32")  # 1e-4
+WRONG_KV_MIN = 1.0  # another image's KV moves the next-token logits by 3.1 / 8.2 / 7.0 (measured)
+BLOCK = 16
+ARCHS = ("qwen2_vl", "qwen3_5", "gemma4")
+FAMILY = {"qwen2_vl": "dense", "qwen3_5": "hybrid", "gemma4": "sliding"}
+STORES = tuple(n for n in kv.stores.STORE_NAMES if n != "none")
+LAYOUT = {"qwen2_vl": "4 x full-attention KV",
+          "qwen3_5": "2 x recurrent state (ArraysCache), 2 x full-attention KV",
+          "gemma4": "2 x sliding window of 32, 2 x full-attention KV, 2 x no cache (shared-KV or MLP-only layer)"}
+SYSTEM = "You describe pictures in one short sentence. Be precise and plain. Answer in English, never guess."
+
+
+def _image(seed: int, h: int = 56, w: int = 84) -> Image.Image:
+    return Image.fromarray(np.random.default_rng(seed).integers(0, 256, (h, w, 3), dtype=np.uint8))
+
+
+def _text(question):
+    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}]
+
+
+def _msgs(image, question="What is in this picture?"):
+    return [{"role": "system", "content": SYSTEM},
+            {"role": "user", "content": [{"type": "text", "text": "Look:"}, {"type": "image", "image": image},
+                                         {"type": "text", "text": question}]}]
+
+
+def _next_turn(messages):
+    return messages + [{"role": "assistant", "content": "A pattern."},
+                       {"role": "user", "content": "And its colours?"}]
+
+
+@pytest.fixture(scope="module", params=ARCHS)
+def vlm(request):
+    return kv.load(f"tiny-vlm:{request.param}")
+
+
+def _rounded(n, block):
+    return n // block * block
+
+
+def _common(a, b) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+# -- loading ----------------------------------------------------------------------------------
+
+def test_each_tiny_vlm_has_its_family_cache_and_qwen_vision_tokens(vlm):
+    # mutant caught: mlx-vlm's own make_cache used as it is: its cache classes share mlx-lm's
+    # names (so the layout reads the same) but not their types, which kvlab's snapshots dispatch on
+    assert vlm.layout.summary() == LAYOUT[vlm.arch]
+    assert {type(c).__module__ for c in vlm.make_cache()} == {"mlx_lm.models.cache"}
+    assert vlm.kind == "vlm" and vlm.dtype == "float32" and (vlm.path / "kvlab.json").is_file()
+    tok = vlm.tokenizer._tokenizer
+    assert vlm.image_token_id == tok.convert_tokens_to_ids("<|image_pad|>") == 151655
+    toks = kv.tokenise(vlm, _msgs(_image(1)))
+    (ref,) = toks.images
+    # 56x84 px -> 6 image tokens on every architecture, framed by the config's start/end ids
+    assert ref.token_end - ref.token_start == 6
+    assert toks.ids[ref.token_start - 1] == tok.convert_tokens_to_ids("<|vision_start|>") == 151652
+    assert toks.ids[ref.token_end] == tok.convert_tokens_to_ids("<|vision_end|>") == 151653
+    same = kv.load_vlm(f"tiny:{vlm.arch}")
+    assert same.fingerprint == vlm.fingerprint and repr(same).startswith("VLModel(")
+    assert "<table>" in vlm._repr_html_() and repr(vlm.adapter).startswith(type(vlm.adapter).__name__)
+
+
+def test_unknown_architectures_are_refused(tmp_path):
+    with pytest.raises(kv.ModelNotFoundError, match="tiny-vlm:qwen2_vl, tiny-vlm:qwen3_5, tiny-vlm:gemma4"):
+        kv.load("tiny-vlm:llava")
+    folder = tmp_path / "llava"
+    shutil.copytree(kv.load_vlm("tiny").path, folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**cfg, "model_type": "llava"}))
+    with pytest.raises(kv.ModelNotFoundError, match="supports qwen2_vl, qwen3_5, gemma4.*architecture-specific"):
+        kv.load_vlm(folder)
+
+
+# -- the adapters match mlx-vlm -----------------------------------------------------------------
+
+def _mlx_vlm_logits(vlm, toks, img):
+    from mlx_vlm.models.cache import make_prompt_cache
+
+    px = vlm.process_image(img)
+    extra = {} if vlm.arch == "gemma4" else {"image_grid_thw": mx.array([px.grid])}
+    return vlm.module(mx.array(toks.ids)[None], pixel_values=px.pixel_values,
+                      cache=make_prompt_cache(vlm.module.language_model), **extra).logits[0]
+
+
+def test_cold_logits_match_mlx_vlm(vlm):
+    """The anchor. Mutants caught: plain positions for the M-RoPE models (RequestModel.positions
+    without get_rope_index: diff 4.0 qwen2_vl, 1.9 qwen3_5); gemma4's image features scaled by sqrt(hidden) like token
+    embeddings (diff 11.7), or its image tokens' per-layer inputs taken from the placeholder id
+    instead of 0 (diff 10.7)."""
+    img = _image(7)
+    toks = kv.tokenise(vlm, _msgs(img))
+    mine, _ = vlm.prefill(toks, all_logits=True)
+    ref = _mlx_vlm_logits(vlm, toks, img)
+    assert mine.shape == ref.shape == (len(toks.ids), vlm.vocab_size)
+    assert float(mx.abs(mine - ref).max()) <= LOGIT_TOL
+    # the image matters: another image moves the logits after it by far more than the tolerance
+    other, _ = vlm.prefill(kv.tokenise(vlm, _msgs(_image(8))), all_logits=True)
+    assert float(mx.abs(other[-1] - mine[-1]).max()) > WRONG_KV_MIN
+
+
+def test_text_only_net_and_decode_match_mlx_vlm(vlm):
+    """``kv.prefill(vlm, ids)`` (the text-only net) equals mlx-vlm's language model, and one decode
+    step after an image prompt equals mlx-vlm's own stateful decode (M-RoPE continues from the
+    prompt's last position; plain positions from the offset). Mutant caught: decode positions
+    continuing from the token count instead of the M-RoPE delta (qwen2_vl / qwen3_5)."""
+    from mlx_vlm.models.cache import make_prompt_cache
+
+    lm = vlm.module.language_model
+    ids = kv.tokenise(vlm, _text("Name a colour.")).ids
+    mine, _ = kv.prefill(vlm, ids, all_logits=True)
+    x = mx.array(ids)[None]
+    # positions passed explicitly: mlx-vlm's M-RoPE models keep the last image request's positions
+    extra = {} if vlm.arch == "gemma4" else {"position_ids": lm.get_rope_index(x, None, None, None)[0]}
+    ref = lm(x, cache=make_prompt_cache(lm), **extra).logits[0]
+    assert float(mx.abs(mine - ref).max()) <= LOGIT_TOL
+    img = _image(12)
+    toks = kv.tokenise(vlm, _msgs(img))
+    px = vlm.process_image(img)
+    theirs = make_prompt_cache(lm)
+    grid = {} if vlm.arch == "gemma4" else {"image_grid_thw": mx.array([px.grid])}
+    vlm.module(mx.array(toks.ids)[None], pixel_values=px.pixel_values, cache=theirs, **grid)
+    nxt = mx.array([[1234]])
+    ref = lm(nxt, cache=theirs).logits
+    _, ours = vlm.prefill(toks)
+    assert float(mx.abs(vlm.for_request(toks)(nxt, cache=ours) - ref).max()) <= LOGIT_TOL
+
+
+def test_prompt_in_two_pieces_equals_one_pass(vlm):
+    """Cut before, inside and after the image (and one token before the end): the second piece
+    runs on the first piece's cache, so features and positions must start at the cache offset.
+    Mutant caught: image features taken from the chunk start instead of the placeholder start."""
+    toks = kv.tokenise(vlm, _msgs(_image(9)))
+    (ref,) = toks.images
+    cold, _ = vlm.prefill(toks, all_logits=True)
+    for cut in (ref.token_start - 1, ref.token_start + 2, ref.token_end + 1, len(toks.ids) - 1):
+        net = vlm.for_request(toks)
+        _, cache = prefill(net, toks.ids[:cut])
+        warm, _ = prefill(net, toks.ids[cut:], cache, all_logits=True)
+        assert float(mx.abs(warm - cold[cut:]).max()) <= LOGIT_TOL, cut
+
+
+# -- the engine: every store on every tiny VLM --------------------------------------------------
+
+def _expected(arch, store, case, prev, cur, text):
+    """What (a) text / (b) same image / (c) other image reuses, from the tokens and the family.
+
+    Full-KV (dense) models restore any prefix: the shared prefix, capped before the last token,
+    cut at the first image whose pixels differ, rounded down to whole blocks by the paged store.
+    Sliding and hybrid models restore only where a snapshot was taken: the end of a message or
+    of a prompt (kv.Engine's ``message_ends`` checkpoints), as their text families do."""
+    sys_end = cur.spans[0].token_end
+    shared = min(_common(prev.ids, cur.ids), len(cur.ids) - 1)
+    if case == "other image":
+        shared = min(shared, cur.images[0].token_start)
+        if store == "disk":  # an entry keyed with images serves only as a whole prefix (DiskStore):
+            prev, shared = text, _common(text.ids, cur.ids)  # the text-only entry is what is left
+    if store == "system":  # keeps the system prompt only
+        return sys_end
+    if FAMILY[arch] == "dense":
+        return _rounded(shared, BLOCK) if store == "paged" else shared
+    stops = [s.token_end for s in prev.spans] + [len(prev.ids)]
+    at = max(s for s in stops if s <= shared)
+    if store == "paged":
+        # paged checkpoints sit at block ends; it holds none of gemma4's window of 32 at a block end
+        # before the window fills (refused, see _refusal), as for tiny:gemma4_text
+        at = _rounded(at, BLOCK)
+        return 0 if arch == "gemma4" and at < 32 else at
+    if store == "mlx-lru" and case == "other image":
+        # mlx-lm's LRU finds the longer entry of the other image, cannot trim it, and does not fall
+        # back to a shorter checkpoint (refused, see _refusal)
+        return 0
+    return at
+
+
+@pytest.mark.parametrize("store", STORES)
+def test_every_store_reuses_exactly_and_never_past_another_image(vlm, store, tmp_path):
+    """Mutants caught: image hashes dropped from the keys (case c reuses through the other image,
+    verify_diff > 3); a restored recurrent/window state served past where it was taken (verify)."""
+    engine = kv.Engine(vlm, kv.stores.make_store(store, budget_bytes=64 << 20, disk_path=tmp_path / store,
+                                                 model=vlm), verify=True)
+    seen = {}
+    cases = [("first", _text("Name a colour."), None), ("text", _text("Name a fruit, please."), "first"),
+             ("image", _msgs(_image(1)), None), ("same image", _next_turn(_msgs(_image(1))), "image"),
+             ("other image", _msgs(_image(2)), "same image")]
+    got, want = {}, {}
+    for case, msgs, prev in cases:
+        toks = kv.tokenise(vlm, msgs)
+        r = engine.run(toks, max_tokens=2)
+        assert r.verify_diff <= LOGIT_TOL, (case, r.verify_diff)
+        if prev is not None:
+            got[case], want[case] = r.reused_tokens, _expected(vlm.arch, store, case, seen[prev], toks,
+                                                                  seen.get("text"))
+            if want[case] == 0:
+                assert _refusal(r.why), (case, r.why)
+        seen[case] = toks
+    assert got == want
+    image = seen["same image"].images[0]
+    if store != "system":  # (b) reuses through the image
+        assert got["same image"] >= _rounded(image.token_end, BLOCK)
+    assert got["other image"] <= seen["other image"].images[0].token_start
+
+
+def _refusal(why: str) -> bool:
+    """A reason that names the layer (or mlx-lm's cache) that prevents reuse."""
+    return "layer 0" in why or "not trimmable" in why
+
+
+@pytest.mark.parametrize("store", ["radix", "paged"])
+def test_ids_only_keys_replay_the_wrong_image(vlm, store):
+    """The seed's pitfall (vllm-mlx#718): identical ids, another image. With image_keys=False the
+    store replays image A's KV for image B and the logits move by > WRONG_KV_MIN; with image keys
+    (test above) reuse stops at the placeholders and matches cold."""
+    a, b = kv.tokenise(vlm, _msgs(_image(10))), kv.tokenise(vlm, _msgs(_image(11)))
+    assert a.ids == b.ids and a.images[0].hash != b.images[0].hash
+    engine = kv.Engine(vlm, kv.stores.make_store(store, budget_bytes=64 << 20), image_keys=False, verify=True)
+    engine.run(a, max_tokens=1)
+    r = engine.run(b, max_tokens=1)
+    assert r.reused_tokens == len(b.ids) - 1  # a snapshot at the prompt end minus one (or its checkpoint)
+    assert r.verify_diff > WRONG_KV_MIN
