@@ -49,7 +49,7 @@ from ..primitives.tokens import Tokens, from_ids
 
 log = logging.getLogger("kvlab.serving")
 ROW_FIELDS = ("seq", "request_id", "response_id", "api", "stream", "prompt_tokens", "reused_tokens",
-              "missed_tokens", "main_reason", "miss_reasons", "diverged_at", "evicted_by", "ttft_s")
+              "missed_tokens", "main_reason", "miss_reasons", "diverged_at", "evicted_by", "why", "ttft_s")
 
 
 @dataclass
@@ -71,7 +71,8 @@ def nonzero(reasons) -> dict:
 
 
 def request_row(seq: int, result, api: str, response_id: str | None, stream: bool) -> dict:
-    """One ``/kvlab/requests`` row: what this request alone reused and missed, and why.
+    """One ``/kvlab/requests`` row: what this request alone reused and missed, and why (``why``:
+    the lookup's own sentence, e.g. which image of a VLM request differs from the cached one).
 
     Example:
         >>> row = request_row(0, server.results[0], "chat", "chatcmpl-1", False)
@@ -83,7 +84,8 @@ def request_row(seq: int, result, api: str, response_id: str | None, stream: boo
             "stream": bool(stream), "prompt_tokens": result.prompt_tokens,
             "reused_tokens": result.reused_tokens, "missed_tokens": result.prompt_tokens - result.reused_tokens,
             "main_reason": next(iter(reasons), None), "miss_reasons": reasons,
-            "diverged_at": result.diverged_at, "evicted_by": result.evicted_by, "ttft_s": result.ttft_s}
+            "diverged_at": result.diverged_at, "evicted_by": result.evicted_by, "why": result.why,
+            "ttft_s": result.ttft_s}
 
 
 class ServedDiagnostics:

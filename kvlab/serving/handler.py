@@ -32,7 +32,7 @@ from urllib.parse import parse_qs, urlsplit
 from mlx_lm.server import APIHandler
 
 from ..errors import DiagnosticsError, GenerationError, RequestError
-from . import anthropic, prometheus, responses
+from . import anthropic, image_parts, prometheus, responses
 from .response_writer import ResponsesWriter
 
 log = logging.getLogger("kvlab.serving")
@@ -104,7 +104,7 @@ class KvlabHandler(APIHandler):
             if route == "/v1/responses":
                 return self._responses(body)
             if route in CHAT_ROUTES and isinstance(body, dict):
-                problem = _check_messages(body.get("messages"))
+                problem = _check_messages(body.get("messages")) or image_parts.problem(body["messages"], self.kv.model)
                 if problem:
                     return self._json(400, _error(problem))
                 try:
@@ -269,6 +269,8 @@ class KvlabHandler(APIHandler):
             chat = anthropic.to_chat(body)
         except anthropic.MessagesError as e:
             return self._json(e.status, anthropic.error_body(str(e), e.kind))
+        if problem := image_parts.problem(chat["messages"], self.kv.model):
+            return self._json(400, anthropic.error_body(problem))
         try:
             self.kv_diag = self.kv.diagnostics.request(body, "anthropic", self.headers)
         except DiagnosticsError as e:
