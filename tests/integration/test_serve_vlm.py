@@ -1,0 +1,200 @@
+"""`kvlab serve` with a VLM (the tiny random-weight qwen2_vl) on loopback: images through the
+OpenAI (official SDK) and Anthropic (plain HTTP) routes, keyed as kv.Engine keys them.
+
+The facts asserted, each against a cold server (store "none") answering the same request with
+greedy decoding: every answer is token for token the cold one (caching changes no answer), and
+
+  1. two text-only requests sharing a system prompt: the second reuses exactly their common
+     prefix (kv.tokenise of the same messages; block-rounded on paged) — usage cached_tokens
+     and the /kvlab/requests row agree;
+  2. the same image twice (data: URL, then file:// URL and a plain path of the same pixels):
+     reuse covers the image, up to where the questions differ;
+  3. another image with identical token ids: reuse stops at the image's first placeholder
+     (block-rounded on paged), the row's reason is salt_or_extra_keys and its ``why`` names the
+     image (mutant: ids-only keys reuse past the image and answer with the wrong image's KV);
+  4. text and image requests sent while another is generating (ordered: the first one's first
+     streamed chunk arrives before the rest are sent): exact reuse counts, cold answers;
+  5. bad input gets a 400 that says what to do: web URLs, unreadable or missing images, images to
+     a text model, images over the context, an image block in an assistant turn.
+"""
+
+import base64
+import io
+import json
+import threading
+import urllib.error
+import urllib.request
+
+import numpy as np
+import pytest
+
+import kvlab as kv
+from kvlab.primitives.tokens import common_prefix_len
+
+pytest.importorskip("mlx_vlm")
+openai = pytest.importorskip("openai")
+
+from PIL import Image  # noqa: E402
+
+pytestmark = [pytest.mark.vlm, pytest.mark.model, pytest.mark.serving]
+
+BLOCK = 16
+SYSTEM = "You describe pictures in one short sentence. Be precise and plain."
+MAX = 6
+
+
+def _png(seed: int | None = None, size=(84, 56), colour=None) -> bytes:
+    w, h = size
+    arr = (np.full((h, w, 3), colour, np.uint8) if colour is not None
+           else np.random.default_rng(seed).integers(0, 256, (h, w, 3), dtype=np.uint8))
+    buf = io.BytesIO()
+    Image.fromarray(arr).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def _data_url(png: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(png).decode()
+
+
+def _image_msgs(url: str, question: str) -> list[dict]:
+    return [{"role": "system", "content": SYSTEM},
+            {"role": "user", "content": [{"type": "text", "text": "Look:"},
+                                         {"type": "image_url", "image_url": {"url": url}},
+                                         {"type": "text", "text": question}]}]
+
+
+def _text_msgs(question: str) -> list[dict]:
+    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}]
+
+
+@pytest.fixture(scope="module")
+def vlm():
+    return kv.load_vlm("tiny")
+
+
+@pytest.fixture(scope="module")
+def cold(vlm):
+    """A server without a store: the answers caching must not change."""
+    server = kv.serve(vlm, "none", api_key="")
+    yield server
+    server.stop()
+    assert not server.running
+
+
+@pytest.fixture
+def warm(vlm):
+    made = []
+
+    def _warm(store="radix"):
+        server = kv.serve(vlm, store, api_key="", block_size=BLOCK)
+        made.append(server)
+        return server
+
+    yield _warm
+    for s in made:
+        s.stop()
+        assert not s.running
+
+
+def _chat(server, messages, **kw):
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", timeout=120, max_retries=0)
+    return client.chat.completions.create(model="tiny-vlm", messages=messages, max_tokens=MAX,
+                                          temperature=0, **kw)
+
+
+def _answer(server, messages) -> tuple[str, int, tuple]:
+    """(text, cached tokens, output ids) of one non-streamed request, read from the response and
+    the server's own result for it."""
+    r = _chat(server, messages)
+    return r.choices[0].message.content, r.usage.prompt_tokens_details.cached_tokens, \
+        server.results[-1].output_ids
+
+
+def _cold(cold, messages) -> tuple[str, tuple]:
+    text, cached, out = _answer(cold, messages)
+    assert cached == 0
+    return text, out
+
+
+def _rounded(n: int, store: str) -> int:
+    return n // BLOCK * BLOCK if store == "paged" else n
+
+
+def _post(server, route: str, body: dict) -> tuple[int, dict]:
+    req = urllib.request.Request(server.url + route, data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def _row(server) -> dict:
+    return server.requests()[-1]
+
+
+# -- 1. text-only requests reuse the shared system prompt ---------------------------------------
+
+@pytest.mark.parametrize("store", ["radix", "paged"])
+def test_text_requests_reuse_the_shared_system_prompt(vlm, cold, warm, store):
+    server = warm(store)
+    a, b = _text_msgs("What is a cat?"), _text_msgs("Name three colours.")
+    shared = common_prefix_len(kv.tokenise(vlm, a).ids, kv.tokenise(vlm, b).ids)
+    assert shared > len(kv.tokenise(vlm, [{"role": "user", "content": "x"}]).ids)  # the system prompt
+    for msgs, expect in ((a, 0), (b, _rounded(shared, store))):
+        text, cached, out = _answer(server, msgs)
+        assert cached == expect and _row(server)["reused_tokens"] == expect
+        assert (text, out) == _cold(cold, msgs)
+    assert server.model.kind == "vlm" and server.stats()["requests"] == 2
+
+
+# -- 2. the same image twice: reuse covers it ----------------------------------------------------
+
+ASK = "Please describe this picture in a few plain words, then say what its main {} is."
+
+
+@pytest.mark.parametrize("store", ["radix", "paged"])
+def test_same_image_reuses_past_the_image(vlm, cold, warm, store, tmp_path):
+    server = warm(store)
+    png = _png(1)
+    (tmp_path / "cat.png").write_bytes(png)
+    first = _image_msgs(_data_url(png), ASK.format("colour"))
+    seen = [kv.tokenise(vlm, first).ids]
+    (im,) = kv.tokenise(vlm, first).images
+    text, cached, out = _answer(server, first)
+    assert cached == 0 and (text, out) == _cold(cold, first)
+    for url, what in ((f"file://{tmp_path / 'cat.png'}", "shape"), (str(tmp_path / "cat.png"), "texture")):
+        msgs = _image_msgs(url, ASK.format(what))
+        again = kv.tokenise(vlm, msgs)
+        assert again.images[0].hash == im.hash  # the pixels are hashed, not the URL
+        shared = max(common_prefix_len(ids, again.ids) for ids in seen)
+        seen.append(again.ids)
+        assert _rounded(shared, store) >= im.token_end  # the questions differ well after the image
+        text, cached, out = _answer(server, msgs)
+        assert cached == _rounded(shared, store) and _row(server)["reused_tokens"] == cached
+        assert (text, out) == _cold(cold, msgs)
+
+
+# -- 3. another image, identical ids: reuse stops at the image ---------------------------------
+
+@pytest.mark.parametrize("store", ["radix", "paged"])
+def test_other_image_stops_reuse_at_its_placeholders(vlm, cold, warm, store):
+    server = warm(store)
+    a = _image_msgs(_data_url(_png(2)), ASK.format("colour"))
+    b = _image_msgs(_data_url(_png(3)), ASK.format("colour"))
+    ta, tb = kv.tokenise(vlm, a), kv.tokenise(vlm, b)
+    assert ta.ids == tb.ids and ta.images[0].hash != tb.images[0].hash  # vllm-mlx#718's setup
+    (im,) = tb.images
+    for msgs, expect in ((a, 0), (b, _rounded(im.token_start, store))):
+        text, cached, out = _answer(server, msgs)
+        assert cached == expect and _row(server)["reused_tokens"] == expect
+        assert (text, out) == _cold(cold, msgs)  # mutant ids-only keys: image 2's KV answers
+    row = _row(server)
+    assert row["main_reason"] == "salt_or_extra_keys"
+    # every token the store could have held (all but the last; full blocks on paged) was cached
+    # under the other image's key; the rest are the last token / partial block
+    holdable = len(tb.ids) // BLOCK * BLOCK if store == "paged" else len(tb.ids) - 1
+    assert row["miss_reasons"]["salt_or_extra_keys"] == holdable - expect
+    assert sum(row["miss_reasons"].values()) == row["missed_tokens"] == len(tb.ids) - expect
+    assert f"image 0 (tokens {im.token_start}:{im.token_end}, message 1) differs" in row["why"]
