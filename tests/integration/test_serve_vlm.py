@@ -198,3 +198,130 @@ def test_other_image_stops_reuse_at_its_placeholders(vlm, cold, warm, store):
     assert row["miss_reasons"]["salt_or_extra_keys"] == holdable - expect
     assert sum(row["miss_reasons"].values()) == row["missed_tokens"] == len(tb.ids) - expect
     assert f"image 0 (tokens {im.token_start}:{im.token_end}, message 1) differs" in row["why"]
+
+
+# -- 4. requests sent while another generates: ordered by an event, never by time -------------
+
+def _shared(vlm, msgs, pool) -> int:
+    """The longest prefix of ``msgs``'s key (ids and image namespace) any key in ``pool`` shares."""
+    mine = kv.cache_key(kv.tokenise(vlm, msgs)).symbols()
+    return max(common_prefix_len(mine, kv.cache_key(kv.tokenise(vlm, p)).symbols()) for p in pool)
+
+
+def test_concurrent_text_and_image_requests(vlm, cold, warm):
+    server = warm("radix")
+    a, b = _data_url(_png(4)), _data_url(_png(5))
+    first = _image_msgs(a, ASK.format("colour"))
+    rest = {"text": _text_msgs("Name three colours."), "same image": _image_msgs(a, ASK.format("shape")),
+            "other image": _image_msgs(b, ASK.format("colour"))}
+    # each one's reuse comes from the first request whatever order the rest are served in
+    expect = {}
+    for name, msgs in rest.items():
+        others = [first] + [m for n, m in rest.items() if n != name]
+        expect[name] = _shared(vlm, msgs, [first])
+        assert expect[name] == _shared(vlm, msgs, others)
+    assert expect["other image"] == kv.tokenise(vlm, first).images[0].token_start
+    assert expect["same image"] > kv.tokenise(vlm, first).images[0].token_end
+
+    stream = _chat(server, first, stream=True, stream_options={"include_usage": True})
+    chunks = iter(stream)
+    head = next(c for c in chunks if c.choices and c.choices[0].delta.content)  # it is generating
+    got, errors = {}, []
+
+    def send(name):
+        try:
+            r = _chat(server, rest[name])
+            got[name] = (r.choices[0].message.content, r.usage.prompt_tokens_details.cached_tokens)
+        except Exception as e:  # noqa: BLE001  reported below with the request's name
+            errors.append((name, e))
+
+    threads = [threading.Thread(target=send, args=(n,)) for n in rest]
+    for t in threads:
+        t.start()
+    text = head.choices[0].delta.content
+    usage = None
+    for c in chunks:
+        text += "".join(ch.delta.content or "" for ch in c.choices)
+        usage = c.usage or usage
+    for t in threads:
+        t.join()
+    assert not errors
+    assert usage.prompt_tokens_details.cached_tokens == 0 and text == _cold(cold, first)[0]
+    for name, msgs in rest.items():
+        assert got[name] == (_cold(cold, msgs)[0], expect[name]), name
+    rows = {r["request_id"]: r for r in server.requests()}
+    assert sorted(r["reused_tokens"] for r in rows.values()) == sorted([0, *expect.values()])
+    assert server.invariants()["ok"]
+
+
+# -- Anthropic /v1/messages with an image block ------------------------------------------------
+
+def _anthropic(url_png: bytes, question: str, **kw) -> dict:
+    return {"model": "tiny-vlm", "max_tokens": MAX, "temperature": 0, "system": SYSTEM, **kw,
+            "messages": [{"role": "user", "content": [
+                {"type": "text", "text": "Look:"},
+                {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                             "data": base64.b64encode(url_png).decode()}},
+                {"type": "text", "text": question}]}]}
+
+
+def test_anthropic_image_blocks(vlm, cold, warm):
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "serving"))
+    from sse_events import sse_events
+
+    server = warm("radix")
+    png = _png(6)
+    status, msg = _post(server, "/v1/messages", _anthropic(png, ASK.format("colour")))
+    assert status == 200 and msg["usage"]["cache_read_input_tokens"] == 0
+    assert msg["content"][0]["text"] == _cold(cold, _image_msgs(_data_url(png), ASK.format("colour")))[0]
+    # streamed, the same image with another question: reuse covers the image
+    req = urllib.request.Request(server.url + "/v1/messages", headers={"Content-Type": "application/json"},
+                                 data=json.dumps(_anthropic(png, ASK.format("shape"), stream=True)).encode())
+    with urllib.request.urlopen(req, timeout=120) as r:
+        events = sse_events(r.read())
+    shared = _shared(vlm, _image_msgs(_data_url(png), ASK.format("shape")),
+                     [_image_msgs(_data_url(png), ASK.format("colour"))])
+    start = next(e for e in events if e["type"] == "message_start")
+    assert start["message"]["usage"]["cache_read_input_tokens"] == shared
+    text = "".join(e["delta"].get("text", "") for e in events if e["type"] == "content_block_delta")
+    assert text == _cold(cold, _image_msgs(_data_url(png), ASK.format("shape")))[0]
+    assert [r["api"] for r in server.requests()] == ["messages", "messages"]
+
+
+# -- 5. bad input: a 400 that says what to do ---------------------------------------------------
+
+def test_bad_input_is_a_400_saying_what_to_do(vlm, tiny, warm, tmp_path):
+    server = warm("radix")
+    ok = _data_url(_png(7))
+    # the tiny processor's max_pixels (224 x 224) makes an image 64 tokens at most: 64 fill the context
+    big = [_data_url(_png(colour=90, size=(224, 224)))] * 64
+    cases = [
+        (_image_msgs("https://example.com/cat.png", "?"), "is a web URL; kvlab serve never downloads"),
+        (_image_msgs("data:image/png;base64,iVBORw0KGgo=", "?"), "the image cannot be decoded"),
+        (_image_msgs(f"file://{tmp_path / 'missing.png'}", "?"), "no image file at"),
+        ([{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}], "without an image"),
+        ([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": u}} for u in big]}],
+         "exceeds the model's context of 4096 tokens; send fewer or smaller images"),
+    ]
+    for msgs, says in cases:
+        status, body = _post(server, "/v1/chat/completions", {"model": "m", "messages": msgs, "max_tokens": 4})
+        assert status == 400 and says in json.dumps(body), (says, body)
+    bad_block = _anthropic(_png(7), "?")
+    bad_block["messages"][0]["content"][1]["source"] = {"type": "url", "url": "http://example.com/x.png"}
+    status, body = _post(server, "/v1/messages", bad_block)
+    assert status == 400 and body["type"] == "error" and "never downloads" in body["error"]["message"]
+    status, body = _post(server, "/v1/messages", {**_anthropic(_png(7), "?"), "messages": [
+        {"role": "user", "content": "hi"}, {"role": "assistant", "content": _anthropic(_png(7), "?")["messages"][0]["content"]}]})
+    assert status == 400 and "image in user turns" in body["error"]["message"]
+    # the server still answers, and nothing bad was recorded as served
+    status, body = _post(server, "/v1/chat/completions", {"model": "m", "messages": _image_msgs(ok, "?"), "max_tokens": 2})
+    assert status == 200 and [r["prompt_tokens"] for r in server.requests()] == [len(kv.tokenise(vlm, _image_msgs(ok, "?")).ids)]
+    text = kv.serve(tiny, "radix", api_key="")
+    try:
+        status, body = _post(text, "/v1/chat/completions", {"model": "m", "messages": _image_msgs(ok, "?"), "max_tokens": 2})
+    finally:
+        text.stop()
+    assert status == 400 and "is a text model: serve a vision-language model" in body["error"]["message"]
