@@ -7,7 +7,8 @@ policy snapshots: ``kvlab.serving.checkpointing``), ``_next_request`` (each requ
 queue is wrapped so its context, tokens and end are seen on the generation thread, in order) and the time budget
 that paces ``BatchGenerator.next()`` (each step advances the event log's batch step).
 ``KvlabModelProvider`` hands mlx-lm the kvlab model already loaded (same weights, same dtype,
-no second copy) instead of loading the folder again.
+no second copy) instead of loading the folder again. A VLM is never batchable: mlx-lm's loop
+sends each of its requests to ``_serve_single``, which kvlab.serving.vlm_generator serves.
 
 If the generation thread dies (an exception out of mlx-lm's loop), every request it had taken
 gets a ``GenerationError`` naming the cause (the handler answers 500) and a new thread takes

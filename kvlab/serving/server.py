@@ -8,6 +8,11 @@ runs, over the store ``kv.make_store(name)`` builds, mlx-lm's own ``LRUPromptCac
 ``"mlx-lru"`` included), the event log, the ledger of requests, the recording and the extra
 routes (kvlab.serving.handler).
 
+A vision-language model (``tiny-vlm``, an mlx-vlm folder or a ``kv.load_vlm`` model) takes images
+in its chat and messages requests and is keyed as ``kv.Engine`` keys it (each image's pixel hash
+over its placeholders); its requests are not continuously batched but served one at a time on the
+generation thread (kvlab.serving.vlm_generator: the model is bound to each request's images).
+
 Binds 127.0.0.1 unless told otherwise; ``port=0`` picks a free port. ``api_key`` (default
 ``$KVLAB_API_KEY``) is checked on every route. ``budget`` is the store's ``budget_bytes``.
 
@@ -198,6 +203,7 @@ class Server(Listening):
                 "by_type": a.stats_by_type(), "step": self.events_log.step,
                 "events": self.events_log.next_seq, "normalise": self.normalise,
                 "model": self.model.name, "url": self.url,
+                "batching": "one request at a time (VLM)" if self.model.kind == "vlm" else "continuous",
                 "generation_restarts": self.generator.kv_restarts if self.generator else 0,
                 "failure": None if self.failure is None else str(self.failure)}
 

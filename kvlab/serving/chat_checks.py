@@ -1,14 +1,16 @@
-"""Image parts of a served chat request, checked on the HTTP thread before anything runs.
+"""A served chat request's messages, checked on the HTTP thread before anything runs: a
+non-empty list of objects with a string role, and image parts kvlab can serve.
 
 mlx-lm's handler downloads ``http(s)`` image URLs (``_inline_image_urls``) and its text path
 rejects image parts with a bare ValueError; kvlab never touches the network and says what to do.
-``problem(messages, model)`` is the 400 message for a request kvlab will not serve: an image sent
-to a text model, a web URL, an image part without an image; "" when the images may go on (a VLM
-then reads each one: kvlab.serving.vlm_generator, where an unreadable image is a 400 too).
+``problem(messages, model_name, vlm)`` is the 400 message for a request kvlab will not serve: a
+malformed message list, an image sent to a text model, a web URL, an image part without an image;
+"" when it may go on (a VLM then reads each image: kvlab.serving.vlm_generator, where an
+unreadable image is a 400 too).
 
 Example:
     >>> problem([{"role": "user", "content": [{"type": "image_url",
-    ...           "image_url": {"url": "https://x/cat.png"}}]}], vlm)
+    ...           "image_url": {"url": "https://x/cat.png"}}]}], "tiny-vlm", vlm=True)
     "messages[0].content[0]: 'https://x/cat.png' is a web URL; kvlab serve never downloads: ..."
 """
 
@@ -37,13 +39,27 @@ def images(messages) -> list[tuple[str, object]]:
     return out
 
 
-def problem(messages, model) -> str:
-    """The 400 message for the image parts of ``messages`` served by ``model`` ("" if none)."""
+def check_messages(messages) -> str:
+    """The 400 message for a message list that is not one ("" if it is)."""
+    if not isinstance(messages, list) or not messages:
+        return "messages must be a non-empty list of {'role': ..., 'content': ...} objects"
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            return f"messages[{i}] must be an object with a string 'role'"
+    return ""
+
+
+def problem(messages, model_name: str, vlm: bool) -> str:
+    """The 400 message for ``messages`` sent to model ``model_name`` (a vision-language model if
+    ``vlm``): a malformed list or image parts it cannot serve; "" when there is nothing to refuse."""
+    found = check_messages(messages)
+    if found:
+        return found
     found = images(messages)
     if not found:
         return ""
-    if model.kind != "vlm":
-        return (f"{found[0][0]} is an image, but {model.name} is a text model: serve a vision-language "
+    if not vlm:
+        return (f"{found[0][0]} is an image, but {model_name} is a text model: serve a vision-language "
                 "model (kvlab serve --model tiny-vlm, or a local mlx-vlm folder) or send text only")
     for where, url in found:
         if not isinstance(url, str) or not url:
