@@ -164,6 +164,13 @@ def test_same_image_reuses_past_the_image(vlm, cold, warm, store, tmp_path):
     (im,) = kv.tokenise(vlm, first).images
     text, cached, out = _answer(server, first)
     assert cached == 0 and (text, out) == _cold(cold, first)
+    # offered to the store: checkpoints inside the prompt (--checkpoints segment_ends), then the
+    # prompt + output when it finished (mlx-lm's final insert)
+    rid, n = server.results[-1].request_id, len(seen[0])
+    offers = [(r["segment"], r["tokens"]) for r in server.events.rows(named=True)
+              if r["event"] == "offer" and r["request"] == rid]
+    assert offers[-1] == ("assistant", n + len(out))
+    assert offers[:-1] and all(seg == "user" and 0 < t < n for seg, t in offers[:-1])
     for url, what in ((f"file://{tmp_path / 'cat.png'}", "shape"), (str(tmp_path / "cat.png"), "texture")):
         msgs = _image_msgs(url, ASK.format(what))
         again = kv.tokenise(vlm, msgs)
