@@ -85,8 +85,8 @@ def cold(vlm):
 def warm(vlm):
     made = []
 
-    def _warm(store="radix"):
-        server = kv.serve(vlm, store, api_key="", block_size=BLOCK)
+    def _warm(store="radix", **kw):
+        server = kv.serve(vlm, store, api_key="", block_size=BLOCK, **kw)
         made.append(server)
         return server
 
@@ -146,7 +146,10 @@ def test_text_requests_reuse_the_shared_system_prompt(vlm, cold, warm, store):
         text, cached, out = _answer(server, msgs)
         assert cached == expect and _row(server)["reused_tokens"] == expect
         assert (text, out) == _cold(cold, msgs)
-    assert server.model.kind == "vlm" and server.stats()["requests"] == 2
+    with urllib.request.urlopen(server.url + "/kvlab/stats", timeout=30) as r:
+        stats = json.loads(r.read())
+    assert (stats["requests"], stats["reused_tokens"]) == (2, _rounded(shared, store))
+    assert stats["batching"] == "one request at a time (VLM)" and stats["model"] == "tiny-vlm"
 
 
 # -- 2. the same image twice: reuse covers it ----------------------------------------------------
@@ -186,8 +189,8 @@ def test_same_image_reuses_past_the_image(vlm, cold, warm, store, tmp_path):
 # -- 3. another image, identical ids: reuse stops at the image ---------------------------------
 
 @pytest.mark.parametrize("store", ["radix", "paged"])
-def test_other_image_stops_reuse_at_its_placeholders(vlm, cold, warm, store):
-    server = warm(store)
+def test_other_image_stops_reuse_at_its_placeholders(vlm, cold, warm, store, tmp_path):
+    server = warm(store, record=tmp_path / "run.jsonl")
     a = _image_msgs(_data_url(_png(2)), ASK.format("colour"))
     b = _image_msgs(_data_url(_png(3)), ASK.format("colour"))
     ta, tb = kv.tokenise(vlm, a), kv.tokenise(vlm, b)
@@ -205,6 +208,10 @@ def test_other_image_stops_reuse_at_its_placeholders(vlm, cold, warm, store):
     assert row["miss_reasons"]["salt_or_extra_keys"] == holdable - expect
     assert sum(row["miss_reasons"].values()) == row["missed_tokens"] == len(tb.ids) - expect
     assert f"image 0 (tokens {im.token_start}:{im.token_end}, message 1) differs" in row["why"]
+    server.stop()  # the recording is complete once the server has stopped
+    lines = [json.loads(ln) for ln in (tmp_path / "run.jsonl").read_text().splitlines()]
+    assert [(ln["api"], ln["status"], ln["reused_tokens"], ln["model"]) for ln in lines] == \
+        [("chat", "ok", 0, "tiny-vlm"), ("chat", "ok", expect, "tiny-vlm")]
 
 
 # -- 4. requests sent while another generates: ordered by an event, never by time -------------
@@ -296,6 +303,13 @@ def test_anthropic_image_blocks(vlm, cold, warm):
     text = "".join(e["delta"].get("text", "") for e in events if e["type"] == "content_block_delta")
     assert text == _cold(cold, _image_msgs(_data_url(png), ASK.format("shape")))[0]
     assert [r["api"] for r in server.requests()] == ["messages", "messages"]
+
+
+def test_vlm_names(vlm, tiny):
+    from kvlab.serving.server import is_vlm_name
+
+    assert [is_vlm_name(n) for n in ("tiny-vlm", "tiny-vlm:gemma4", vlm.path, "tiny", tiny.path)] == \
+        [True, True, True, False, False]
 
 
 # -- 5. bad input: a 400 that says what to do ---------------------------------------------------
