@@ -3,7 +3,8 @@
 ``to_chat(body)`` turns a Messages request into the OpenAI chat request mlx-lm's handler already
 serves: ``system`` (a string or a list of text blocks, joined with newlines, so an agent's billing
 header stays the first line of the system prompt) becomes the first message, text blocks become
-text, image blocks of user turns (``source`` base64 or url) OpenAI ``image_url`` parts (data URLs), ``tool_use`` / ``tool_result`` blocks become OpenAI tool calls and tool messages, ``tools``
+text, image blocks of user turns (``source`` base64 or url) OpenAI ``image_url`` parts (data
+URLs), ``tool_use`` / ``tool_result`` blocks become OpenAI tool calls and tool messages, ``tools``
 become functions, ``stop_sequences`` become ``stop``. The chat request always streams with usage,
 and a ``MessagesWriter`` stands in for the handler's output: it reads mlx-lm's chunks and writes
 Anthropic's response, either one JSON message or the SSE events ``message_start``,

@@ -334,15 +334,19 @@ def test_bad_input_is_a_400_saying_what_to_do(vlm, tiny, warm, tmp_path):
     bad_block["messages"][0]["content"][1]["source"] = {"type": "url", "url": "http://example.com/x.png"}
     status, body = _post(server, "/v1/messages", bad_block)
     assert status == 400 and body["type"] == "error" and "never downloads" in body["error"]["message"]
+    image_blocks = _anthropic(_png(7), "?")["messages"][0]["content"]
     status, body = _post(server, "/v1/messages", {**_anthropic(_png(7), "?"), "messages": [
-        {"role": "user", "content": "hi"}, {"role": "assistant", "content": _anthropic(_png(7), "?")["messages"][0]["content"]}]})
+        {"role": "user", "content": "hi"}, {"role": "assistant", "content": image_blocks}]})
     assert status == 400 and "image in user turns" in body["error"]["message"]
-    # the server still answers, and nothing bad was recorded as served
-    status, body = _post(server, "/v1/chat/completions", {"model": "m", "messages": _image_msgs(ok, "?"), "max_tokens": 2})
-    assert status == 200 and [r["prompt_tokens"] for r in server.requests()] == [len(kv.tokenise(vlm, _image_msgs(ok, "?")).ids)]
+    # the server still answers; the three refused on the generation thread count as failed, the
+    # rest never reached it, and none is a served request
+    msgs = _image_msgs(ok, "?")
+    status, body = _post(server, "/v1/chat/completions", {"model": "m", "messages": msgs, "max_tokens": 2})
+    assert status == 200 and [r["prompt_tokens"] for r in server.requests()] == [len(kv.tokenise(vlm, msgs).ids)]
+    assert server.stats()["failed"] == 3 and server.invariants()["ok"]
     text = kv.serve(tiny, "radix", api_key="")
     try:
-        status, body = _post(text, "/v1/chat/completions", {"model": "m", "messages": _image_msgs(ok, "?"), "max_tokens": 2})
+        status, body = _post(text, "/v1/chat/completions", {"model": "m", "messages": msgs, "max_tokens": 2})
     finally:
         text.stop()
     assert status == 400 and "is a text model: serve a vision-language model" in json.dumps(body), body
