@@ -150,6 +150,10 @@ def test_text_requests_reuse_the_shared_system_prompt(vlm, cold, warm, store):
         stats = json.loads(r.read())
     assert (stats["requests"], stats["reused_tokens"]) == (2, _rounded(shared, store))
     assert stats["batching"] == "one request at a time (VLM)" and stats["model"] == "tiny-vlm"
+    with urllib.request.urlopen(server.url + "/metrics", timeout=30) as r:
+        metrics = r.read().decode()
+    cached = [ln for ln in metrics.splitlines() if ln.startswith("kvlab_cached_tokens_total")]
+    assert cached and float(cached[0].rsplit(" ", 1)[1]) == _rounded(shared, store), cached
 
 
 # -- 2. the same image twice: reuse covers it ----------------------------------------------------
