@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 
 from ..diagnostics import (FingerprintLog, anthropic_request, anthropic_unavailable, answer, not_found,
@@ -46,6 +47,7 @@ from ..diagnostics import (FingerprintLog, anthropic_request, anthropic_unavaila
 from ..errors import DiagnosticsError
 from ..primitives.display import summary_html, table_html
 from ..primitives.tokens import Tokens, from_ids
+from .image_diagnostics import with_images
 
 log = logging.getLogger("kvlab.serving")
 ROW_FIELDS = ("seq", "request_id", "response_id", "api", "stream", "prompt_tokens", "reused_tokens",
@@ -99,6 +101,8 @@ class ServedDiagnostics:
         policy = getattr(store, "policy", None)  # radix and paged stores evict by a named policy
         self.policy = getattr(policy, "name", None)
         self.log = FingerprintLog(max_entries=max_entries, ttl_s=ttl_s)
+        self.images: OrderedDict[str, tuple] = OrderedDict()  # response id -> a VLM request's image keys
+        self.max_entries = max_entries
         self.asked = self.not_found = 0
         self._count = threading.Lock()  # handler threads answer concurrently
 
@@ -128,13 +132,21 @@ class ServedDiagnostics:
         if rid:
             # a Tokens without text shares the ledger's tuple: no second copy of the ids
             self.log.remember(rid, pending.shape, Tokens(prompt, ""))
+        images = tuple(live.get("images") or ())
+        with self._count:
+            if rid and images:
+                self.images[rid] = images
+                while len(self.images) > self.max_entries:
+                    self.images.popitem(last=False)
+            previous = self.images.get(pending.previous_id, ()) if pending.previous_id else ()
         if not pending.wants:
             return {}
         with self._count:
             self.asked += 1
         store = self.store_detail(prompt, live.get("lookup") or {})
         try:
-            return self._answer(pending, prompt, store)
+            # identical ids with other pixels: cut the id comparison back to the image
+            return with_images(self._answer(pending, prompt, store), previous, images)
         except Exception as e:  # noqa: BLE001  diagnostics must never fail the request they ride on
             log.warning("kvlab serve: diagnostics failed for %s: %s: %s", rid, type(e).__name__, e, exc_info=True)
             ext = {"store": store, "error": f"{type(e).__name__}: {e}"}

@@ -84,9 +84,9 @@ class VLMRequests:
                                "fewer or smaller images, a shorter prompt or a lower max_tokens")
         stop_sequences = make_stop_sequences(tok, args.stop_words)
         text_sm = self._state_machine(args.stop_words)
-        self.ledger.tokenized(rid, prompt)
-        self.adapter.begin(rid, prompt, [prompt])
         key = cache_key(toks)  # the Engine's key: the images' pixel hashes over their placeholders
+        self.ledger.tokenized(rid, prompt, images=key.extra_keys)
+        self.adapter.begin(rid, prompt, [prompt])
         cache, reused = self.adapter.lookup(rid, toks, key)
         self.adapter.note(rid, image_miss(toks, reused, self.adapter.found(rid)))
         ctx = GenerationContext(has_tool_calling=tok.has_tool_calling, has_thinking=tok.has_thinking,

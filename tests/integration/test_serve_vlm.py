@@ -102,10 +102,10 @@ def _chat(server, messages, **kw):
                                           temperature=0, **kw)
 
 
-def _answer(server, messages) -> tuple[str, int, tuple]:
+def _answer(server, messages, **kw) -> tuple[str, int, tuple]:
     """(text, cached tokens, output ids) of one non-streamed request, read from the response and
     the server's own result for it."""
-    r = _chat(server, messages)
+    r = _chat(server, messages, **kw)
     return r.choices[0].message.content, r.usage.prompt_tokens_details.cached_tokens, \
         server.results[-1].output_ids
 
@@ -200,10 +200,20 @@ def test_other_image_stops_reuse_at_its_placeholders(vlm, cold, warm, store, tmp
     ta, tb = kv.tokenise(vlm, a), kv.tokenise(vlm, b)
     assert ta.ids == tb.ids and ta.images[0].hash != tb.images[0].hash  # vllm-mlx#718's setup
     (im,) = tb.images
+    previous = None
     for msgs, expect in ((a, 0), (b, _rounded(im.token_start, store))):
-        text, cached, out = _answer(server, msgs)
+        ask = {"extra_body": {"prompt_cache_options": {"comparison_response_id": previous.id}}} if previous else {}
+        previous = _chat(server, msgs, **ask)
+        text, cached = previous.choices[0].message.content, previous.usage.prompt_tokens_details.cached_tokens
+        out = server.results[-1].output_ids
         assert cached == expect and _row(server)["reused_tokens"] == expect
         assert (text, out) == _cold(cold, msgs)  # mutant ids-only keys: image 2's KV answers
+    # the provider's diagnostics: the ids are identical, the comparison stops at the image
+    diag = previous.model_extra["prompt_cache_diagnostics"]
+    assert diag["cache_missed_tokens"] == len(ta.ids) - im.token_start
+    assert (diag["kvlab"]["reusable_tokens"], diag["kvlab"]["token_index"]) == (im.token_start, im.token_start)
+    assert diag["kvlab"]["image"].startswith(f"image 0 at token {im.token_start} differs")
+    assert diag["kvlab"]["store"]["reused_tokens"] == expect
     row = _row(server)
     assert row["main_reason"] == "salt_or_extra_keys"
     # every token the store could have held (all but the last; full blocks on paged) was cached
@@ -296,6 +306,13 @@ def test_anthropic_image_blocks(vlm, cold, warm):
     assert status == 200 and msg["usage"]["cache_read_input_tokens"] == 0
     assert msg["content"][0]["text"] == _cold(cold, _image_msgs(_data_url(png), ASK.format("colour")))[0]
     # streamed, the same image with another question: reuse covers the image
+    other = _anthropic(_png(8), ASK.format("colour"), diagnostics={"previous_message_id": msg["id"]})
+    status, diag = _post(server, "/v1/messages", other)  # the same ids, another image
+    start = kv.tokenise(vlm, _image_msgs(_data_url(png), "?")).images[0].token_start
+    n = len(kv.tokenise(vlm, _image_msgs(_data_url(png), ASK.format("colour"))).ids)
+    assert status == 200 and diag["usage"]["cache_read_input_tokens"] == start
+    assert diag["diagnostics"]["cache_miss_reason"]["cache_missed_input_tokens"] == n - start
+    assert diag["diagnostics"]["kvlab"]["image"].startswith(f"image 0 at token {start} differs")
     req = urllib.request.Request(server.url + "/v1/messages", headers={"Content-Type": "application/json"},
                                  data=json.dumps(_anthropic(png, ASK.format("shape"), stream=True)).encode())
     with urllib.request.urlopen(req, timeout=120) as r:
@@ -306,7 +323,7 @@ def test_anthropic_image_blocks(vlm, cold, warm):
     assert start["message"]["usage"]["cache_read_input_tokens"] == shared
     text = "".join(e["delta"].get("text", "") for e in events if e["type"] == "content_block_delta")
     assert text == _cold(cold, _image_msgs(_data_url(png), ASK.format("shape")))[0]
-    assert [r["api"] for r in server.requests()] == ["messages", "messages"]
+    assert [r["api"] for r in server.requests()] == ["messages"] * 3
 
 
 def test_vlm_names(vlm, tiny):
