@@ -70,3 +70,24 @@ def test_chat_checks_problems():
     assert chat_checks.problem([], "v", True).startswith("messages must be a non-empty list")
     assert chat_checks.problem([{"content": "x"}], "v", True) == "messages[0] must be an object with a string 'role'"
     assert [w for w, _ in chat_checks.images(_image(ok) * 2)] == ["messages[0].content[1]", "messages[1].content[1]"]
+
+
+def test_first_image_difference():
+    from kvlab.serving.image_diagnostics import first_difference, with_images
+
+    a, b = (19, 25, "aa"), (19, 25, "bb")
+    assert first_difference((a,), (a,)) is None and first_difference((), ()) is None
+    assert first_difference((a,), (b,)) == (19, 0)
+    assert first_difference((a, (40, 46, "cc")), (a, (40, 46, "dd"))) == (40, 1)
+    assert first_difference((a,), ()) == (19, 0) and first_difference((), ((30, 36, "x"),)) == (30, 0)
+    # an OpenAI answer whose ids never diverged (33 reusable) is cut back to the image at 19
+    fields = {"prompt_cache_diagnostics": {"type": "cache_miss", "cache_missed_tokens": 0, "kvlab": {
+        "reusable_tokens": 33, "previous_tokens": 33, "current_tokens": 35, "token_index": None}}}
+    out = with_images(fields, (a,), (b,))["prompt_cache_diagnostics"]
+    assert out["cache_missed_tokens"] == 14
+    assert {k: out["kvlab"][k] for k in ("reusable_tokens", "lost_tokens", "missed_tokens", "token_index")} == \
+        {"reusable_tokens": 19, "lost_tokens": 14, "missed_tokens": 16, "token_index": 19}
+    # ids that diverge before the image already say where: left alone
+    early = {"diagnostics": {"cache_miss_reason": {"type": "messages_changed", "cache_missed_input_tokens": 30},
+                             "kvlab": {"reusable_tokens": 3, "previous_tokens": 33, "current_tokens": 33}}}
+    assert with_images(early, (a,), (b,))["diagnostics"]["cache_miss_reason"]["cache_missed_input_tokens"] == 30
