@@ -14,18 +14,13 @@ greedy decoding: every answer is token for token the cold one (caching changes n
      image (mutant: ids-only keys reuse past the image and answer with the wrong image's KV);
   4. text and image requests sent while another is generating (ordered: the first one's first
      streamed chunk arrives before the rest are sent): exact reuse counts, cold answers;
-  5. bad input gets a 400 that says what to do: web URLs, unreadable or missing images, images to
-     a text model, images over the context, an image block in an assistant turn.
+  (bad input: test_serve_vlm_errors.py)
 """
 
-import base64
-import io
 import json
 import threading
-import urllib.error
 import urllib.request
 
-import numpy as np
 import pytest
 
 import kvlab as kv
@@ -34,37 +29,18 @@ from kvlab.primitives.tokens import common_prefix_len
 pytest.importorskip("mlx_vlm")
 openai = pytest.importorskip("openai")
 
-from PIL import Image  # noqa: E402
+from vlm_requests import ASK, BLOCK, MAX, SYSTEM  # noqa: E402  (tests/integration: helpers)
+from vlm_requests import anthropic_body as _anthropic  # noqa: E402
+from vlm_requests import data_url as _data_url  # noqa: E402
+from vlm_requests import image_msgs as _image_msgs  # noqa: E402
+from vlm_requests import png as _png  # noqa: E402
+from vlm_requests import post as _post  # noqa: E402
+from vlm_requests import sse_events  # noqa: E402
+from vlm_requests import text_msgs as _text_msgs  # noqa: E402
 
 pytestmark = [pytest.mark.vlm, pytest.mark.model, pytest.mark.serving]
 
-BLOCK = 16
-SYSTEM = "You describe pictures in one short sentence. Be precise and plain."
-MAX = 6
 
-
-def _png(seed: int | None = None, size=(84, 56), colour=None) -> bytes:
-    w, h = size
-    arr = (np.full((h, w, 3), colour, np.uint8) if colour is not None
-           else np.random.default_rng(seed).integers(0, 256, (h, w, 3), dtype=np.uint8))
-    buf = io.BytesIO()
-    Image.fromarray(arr).save(buf, format="PNG")
-    return buf.getvalue()
-
-
-def _data_url(png: bytes) -> str:
-    return "data:image/png;base64," + base64.b64encode(png).decode()
-
-
-def _image_msgs(url: str, question: str) -> list[dict]:
-    return [{"role": "system", "content": SYSTEM},
-            {"role": "user", "content": [{"type": "text", "text": "Look:"},
-                                         {"type": "image_url", "image_url": {"url": url}},
-                                         {"type": "text", "text": question}]}]
-
-
-def _text_msgs(question: str) -> list[dict]:
-    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}]
 
 
 @pytest.fixture(scope="module")
@@ -120,16 +96,6 @@ def _rounded(n: int, store: str) -> int:
     return n // BLOCK * BLOCK if store == "paged" else n
 
 
-def _post(server, route: str, body: dict) -> tuple[int, dict]:
-    req = urllib.request.Request(server.url + route, data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=120) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
-
-
 def _row(server) -> dict:
     return server.requests()[-1]
 
@@ -158,7 +124,6 @@ def test_text_requests_reuse_the_shared_system_prompt(vlm, cold, warm, store):
 
 # -- 2. the same image twice: reuse covers it ----------------------------------------------------
 
-ASK = "Please describe this picture in a few plain words, then say what its main {} is."
 
 
 @pytest.mark.parametrize("store", ["radix", "paged"])
@@ -284,22 +249,7 @@ def test_concurrent_text_and_image_requests(vlm, cold, warm):
 
 # -- Anthropic /v1/messages with an image block ------------------------------------------------
 
-def _anthropic(url_png: bytes, question: str, **kw) -> dict:
-    return {"model": "tiny-vlm", "max_tokens": MAX, "temperature": 0, "system": SYSTEM, **kw,
-            "messages": [{"role": "user", "content": [
-                {"type": "text", "text": "Look:"},
-                {"type": "image", "source": {"type": "base64", "media_type": "image/png",
-                                             "data": base64.b64encode(url_png).decode()}},
-                {"type": "text", "text": question}]}]}
-
-
 def test_anthropic_image_blocks(vlm, cold, warm):
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).parents[1] / "serving"))
-    from sse_events import sse_events
-
     server = warm("radix")
     png = _png(6)
     status, msg = _post(server, "/v1/messages", _anthropic(png, ASK.format("colour")))
@@ -324,50 +274,3 @@ def test_anthropic_image_blocks(vlm, cold, warm):
     text = "".join(e["delta"].get("text", "") for e in events if e["type"] == "content_block_delta")
     assert text == _cold(cold, _image_msgs(_data_url(png), ASK.format("shape")))[0]
     assert [r["api"] for r in server.requests()] == ["messages"] * 3
-
-
-def test_vlm_names(vlm, tiny):
-    from kvlab.serving.server import is_vlm_name
-
-    assert [is_vlm_name(n) for n in ("tiny-vlm", "tiny-vlm:gemma4", vlm.path, "tiny", tiny.path)] == \
-        [True, True, True, False, False]
-
-
-# -- 5. bad input: a 400 that says what to do ---------------------------------------------------
-
-def test_bad_input_is_a_400_saying_what_to_do(vlm, tiny, warm, tmp_path):
-    server = warm("radix")
-    ok = _data_url(_png(7))
-    # the tiny processor's max_pixels (224 x 224) makes an image 64 tokens at most: 64 fill the context
-    big = [_data_url(_png(colour=90, size=(224, 224)))] * 64
-    cases = [
-        (_image_msgs("https://example.com/cat.png", "?"), "is a web URL; kvlab serve never downloads"),
-        (_image_msgs("data:image/png;base64,iVBORw0KGgo=", "?"), "the image cannot be decoded"),
-        (_image_msgs(f"file://{tmp_path / 'missing.png'}", "?"), "no image file at"),
-        ([{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}], "without an image"),
-        ([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": u}} for u in big]}],
-         "exceeds the model's context of 4096 tokens; send fewer or smaller images"),
-    ]
-    for msgs, says in cases:
-        status, body = _post(server, "/v1/chat/completions", {"model": "m", "messages": msgs, "max_tokens": 4})
-        assert status == 400 and says in json.dumps(body), (says, body)
-    bad_block = _anthropic(_png(7), "?")
-    bad_block["messages"][0]["content"][1]["source"] = {"type": "url", "url": "http://example.com/x.png"}
-    status, body = _post(server, "/v1/messages", bad_block)
-    assert status == 400 and body["type"] == "error" and "never downloads" in body["error"]["message"]
-    image_blocks = _anthropic(_png(7), "?")["messages"][0]["content"]
-    status, body = _post(server, "/v1/messages", {**_anthropic(_png(7), "?"), "messages": [
-        {"role": "user", "content": "hi"}, {"role": "assistant", "content": image_blocks}]})
-    assert status == 400 and "image in user turns" in body["error"]["message"]
-    # the server still answers; the three refused on the generation thread count as failed, the
-    # rest never reached it, and none is a served request
-    msgs = _image_msgs(ok, "?")
-    status, body = _post(server, "/v1/chat/completions", {"model": "m", "messages": msgs, "max_tokens": 2})
-    assert status == 200 and [r["prompt_tokens"] for r in server.requests()] == [len(kv.tokenise(vlm, msgs).ids)]
-    assert server.stats()["failed"] == 3 and server.invariants()["ok"]
-    text = kv.serve(tiny, "radix", api_key="")
-    try:
-        status, body = _post(text, "/v1/chat/completions", {"model": "m", "messages": msgs, "max_tokens": 2})
-    finally:
-        text.stop()
-    assert status == 400 and "is a text model: serve a vision-language model" in json.dumps(body), body
