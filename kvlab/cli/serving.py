@@ -13,8 +13,10 @@ def register(sub) -> None:
     from ..stores import STORE_NAMES
 
     s = sub.add_parser("serve", help="serve a model over HTTP (OpenAI + Anthropic routes) with a kvlab store")
-    s.add_argument("--model", default="smollm2", help="smollm2 (default), tiny, an mlx-lm folder, or an "
-                   "org/name repo id in the local Hugging Face cache")
+    s.add_argument("--model", default="smollm2", help="smollm2 (default), tiny, an mlx-lm folder, an "
+                   "org/name repo id in the local Hugging Face cache, or a vision-language model: "
+                   "tiny-vlm or an mlx-vlm folder (images in chat and messages; its requests are "
+                   "served one at a time, not continuously batched)")
     s.add_argument("--dtype", default=None, choices=DTYPES,
                    help="run the model in this dtype (default: the folder's stored dtype)")
     s.add_argument("--store", default="radix", choices=list(STORE_NAMES),

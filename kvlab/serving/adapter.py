@@ -123,13 +123,27 @@ class StoreAdapter(Attribution):
     # -- mlx-lm's interface -----------------------------------------------------------------------
     def fetch_nearest_cache(self, model_key, tokens):
         with self.lock:
-            rid = self.current
-            self.lookups += 1
             ids = list(tokens)
             toks = self._tokens(ids)
-            key = cache_key(toks)  # the server has no salts or images
+            cache, reused = self.lookup(self.current, toks, cache_key(toks))  # no salts or images
+            return cache, ids[reused:]
+
+    def insert_cache(self, model_key, tokens, prompt_cache, *, cache_type: str = "assistant"):
+        with self.lock:
+            rid = self.owner(tokens, cache_type)
+            ids = list(tokens)
+            toks = self._tokens(ids) if self.store is not None else None
+            self.offer(rid, toks, None if toks is None else cache_key(toks), prompt_cache, ids,
+                       cache_type=cache_type)
+
+    # -- the same steps for a caller that keys its own tokens (a VLM request: image hashes) -------
+    def lookup(self, rid, toks, key) -> tuple[list | None, int]:
+        """Look ``key`` up for request ``rid`` through the reuse core: (fresh cache or None, tokens
+        reused), at most ``len(key) - 1``; what it found is kept for the ledger."""
+        with self.lock:
+            self.lookups += 1
             try:
-                found = self.core.lookup(rid, key, toks, limit=len(ids) - 1)
+                found = self.core.lookup(rid, key, toks, limit=len(key.ids) - 1)
                 cache, reused = found.cache, found.reused
                 info = {"kind": found.kind, "why": found.why, "entry": found.match.entry_id,
                         "entry_tokens": found.match.entry_tokens, "lookup_s": found.lookup_s,
@@ -143,22 +157,31 @@ class StoreAdapter(Attribution):
             self._drain(rid, None, key, offered=False)
             if rid is not None:
                 self.requests[rid] = {**info, "reused": reused}
-            return cache, ids[reused:]
+            return cache, reused
 
-    def insert_cache(self, model_key, tokens, prompt_cache, *, cache_type: str = "assistant"):
+    def found(self, rid) -> dict:
+        """What request ``rid``'s lookup found (a copy; empty before its lookup)."""
         with self.lock:
-            rid = self.owner(tokens, cache_type)
+            return dict(self.requests.get(rid) or {})
+
+    def note(self, rid, why: str) -> None:
+        """Add ``why`` to what request ``rid``'s lookup says (read by the ledger and /kvlab/requests)."""
+        with self.lock:
+            info = self.requests.get(rid)
+            if info is not None and why:
+                info["why"] = "; ".join(w for w in (info.get("why"), why) if w)
+
+    def offer(self, rid, toks, key, prompt_cache, ids, *, cache_type: str = "assistant") -> None:
+        """Offer ``prompt_cache`` (holding ``ids``, keyed ``key``) to the store for request ``rid``."""
+        with self.lock:
             if self.store is None:
-                self.events.add("offer", request=rid, tokens=len(tokens), detail=cache_type, segment=cache_type)
+                self.events.add("offer", request=rid, tokens=len(ids), detail=cache_type, segment=cache_type)
                 return
-            ids = list(tokens)
-            toks = self._tokens(ids)
-            key = cache_key(toks)
             try:
                 # A recurrent-only cache (mamba2, rwkv7) does not say how many tokens it has run;
                 # mlx-lm's tokens are exactly what it ran (its BatchGenerator keeps them so, and
                 # the sequential path runs every yielded token before stopping).
-                snap = snapshot(prompt_cache, tokens=ids if self.positionless else None, model=self.model)
+                snap = snapshot(prompt_cache, tokens=list(ids) if self.positionless else None, model=self.model)
                 self.core.offer(rid, key, toks, snap, kind=KIND.get(cache_type, "prompt"), segment=cache_type)
             except Exception as e:  # noqa: BLE001
                 self._error(f"insert ({cache_type})", rid, e)

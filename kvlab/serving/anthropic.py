@@ -3,7 +3,8 @@
 ``to_chat(body)`` turns a Messages request into the OpenAI chat request mlx-lm's handler already
 serves: ``system`` (a string or a list of text blocks, joined with newlines, so an agent's billing
 header stays the first line of the system prompt) becomes the first message, text blocks become
-text, ``tool_use`` / ``tool_result`` blocks become OpenAI tool calls and tool messages, ``tools``
+text, image blocks of user turns (``source`` base64 or url) OpenAI ``image_url`` parts (data
+URLs), ``tool_use`` / ``tool_result`` blocks become OpenAI tool calls and tool messages, ``tools``
 become functions, ``stop_sequences`` become ``stop``. The chat request always streams with usage,
 and a ``MessagesWriter`` stands in for the handler's output: it reads mlx-lm's chunks and writes
 Anthropic's response, either one JSON message or the SSE events ``message_start``,
@@ -63,11 +64,14 @@ def _message(m, i: int) -> list[dict]:
         return [{"role": m["role"], "content": content}]
     if not isinstance(content, list):
         raise MessagesError(f"messages[{i}].content must be a string or a list of content blocks")
-    text, calls, results = [], [], []
+    text, calls, results, parts = [], [], [], []  # parts: text and images in order, if any image
     for j, b in enumerate(content):
         kind = b.get("type") if isinstance(b, dict) else None
         if kind == "text":
             text.append(str(b.get("text", "")))
+            parts.append({"type": "text", "text": text[-1]})
+        elif kind == "image" and m["role"] == "user":
+            parts.append({"type": "image_url", "image_url": {"url": _image_url(b.get("source"), i, j)}})
         elif kind == "tool_use" and m["role"] == "assistant":
             calls.append({"id": b.get("id", f"call_{j}"), "type": "function",
                           "function": {"name": b.get("name", ""), "arguments": json.dumps(b.get("input", {}))}})
@@ -79,14 +83,29 @@ def _message(m, i: int) -> list[dict]:
             continue  # chat templates drop earlier reasoning from the history anyway
         else:
             raise MessagesError(f"messages[{i}].content[{j}]: block type {kind!r} is not supported "
-                                "by kvlab serve (text, tool_use, tool_result, thinking)")
+                                "by kvlab serve (text, image in user turns, tool_use, tool_result, thinking)")
     out = list(results)
-    if text or calls or not results:
+    if len(parts) > len(text):  # images: a list of parts, as OpenAI's chat API takes them
+        out.append({"role": m["role"], "content": parts})
+    elif text or calls or not results:
         msg = {"role": m["role"], "content": "\n".join(text)}
         if calls:
             msg["tool_calls"] = calls
         out.append(msg)
     return out
+
+
+def _image_url(source, i: int, j: int) -> str:
+    """The URL an image block's ``source`` stands for: ``base64`` -> a data URL, ``url`` as given
+    (a web URL is refused later, with the other image checks: kvlab never downloads)."""
+    where = f"messages[{i}].content[{j}].source"
+    kind = source.get("type") if isinstance(source, dict) else None
+    if kind == "base64" and isinstance(source.get("data"), str) and source["data"]:
+        return f"data:{source.get('media_type') or 'image/png'};base64,{source['data']}"
+    if kind == "url" and isinstance(source.get("url"), str) and source["url"]:
+        return source["url"]
+    raise MessagesError(f"{where} must be {{'type': 'base64', 'media_type': 'image/png', 'data': ...}} "
+                        "or {'type': 'url', 'url': 'file:///path.png'}")
 
 
 def to_chat(body) -> dict:

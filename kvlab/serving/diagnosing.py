@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 
 from ..diagnostics import (FingerprintLog, anthropic_request, anthropic_unavailable, answer, not_found,
@@ -46,10 +47,11 @@ from ..diagnostics import (FingerprintLog, anthropic_request, anthropic_unavaila
 from ..errors import DiagnosticsError
 from ..primitives.display import summary_html, table_html
 from ..primitives.tokens import Tokens, from_ids
+from .image_diagnostics import with_images
 
 log = logging.getLogger("kvlab.serving")
 ROW_FIELDS = ("seq", "request_id", "response_id", "api", "stream", "prompt_tokens", "reused_tokens",
-              "missed_tokens", "main_reason", "miss_reasons", "diverged_at", "evicted_by", "ttft_s")
+              "missed_tokens", "main_reason", "miss_reasons", "diverged_at", "evicted_by", "why", "ttft_s")
 
 
 @dataclass
@@ -71,7 +73,8 @@ def nonzero(reasons) -> dict:
 
 
 def request_row(seq: int, result, api: str, response_id: str | None, stream: bool) -> dict:
-    """One ``/kvlab/requests`` row: what this request alone reused and missed, and why.
+    """One ``/kvlab/requests`` row: what this request alone reused and missed, and why (``why``:
+    the lookup's own sentence, e.g. which image of a VLM request differs from the cached one).
 
     Example:
         >>> row = request_row(0, server.results[0], "chat", "chatcmpl-1", False)
@@ -83,7 +86,8 @@ def request_row(seq: int, result, api: str, response_id: str | None, stream: boo
             "stream": bool(stream), "prompt_tokens": result.prompt_tokens,
             "reused_tokens": result.reused_tokens, "missed_tokens": result.prompt_tokens - result.reused_tokens,
             "main_reason": next(iter(reasons), None), "miss_reasons": reasons,
-            "diverged_at": result.diverged_at, "evicted_by": result.evicted_by, "ttft_s": result.ttft_s}
+            "diverged_at": result.diverged_at, "evicted_by": result.evicted_by, "why": result.why,
+            "ttft_s": result.ttft_s}
 
 
 class ServedDiagnostics:
@@ -97,6 +101,8 @@ class ServedDiagnostics:
         policy = getattr(store, "policy", None)  # radix and paged stores evict by a named policy
         self.policy = getattr(policy, "name", None)
         self.log = FingerprintLog(max_entries=max_entries, ttl_s=ttl_s)
+        self.images: OrderedDict[str, tuple] = OrderedDict()  # response id -> a VLM request's image keys
+        self.max_entries = max_entries
         self.asked = self.not_found = 0
         self._count = threading.Lock()  # handler threads answer concurrently
 
@@ -126,13 +132,21 @@ class ServedDiagnostics:
         if rid:
             # a Tokens without text shares the ledger's tuple: no second copy of the ids
             self.log.remember(rid, pending.shape, Tokens(prompt, ""))
+        images = tuple(live.get("images") or ())
+        with self._count:
+            if rid and images:
+                self.images[rid] = images
+                while len(self.images) > self.max_entries:
+                    self.images.popitem(last=False)
+            previous = self.images.get(pending.previous_id, ()) if pending.previous_id else ()
         if not pending.wants:
             return {}
         with self._count:
             self.asked += 1
         store = self.store_detail(prompt, live.get("lookup") or {})
         try:
-            return self._answer(pending, prompt, store)
+            # identical ids with other pixels: cut the id comparison back to the image
+            return with_images(self._answer(pending, prompt, store), previous, images)
         except Exception as e:  # noqa: BLE001  diagnostics must never fail the request they ride on
             log.warning("kvlab serve: diagnostics failed for %s: %s: %s", rid, type(e).__name__, e, exc_info=True)
             ext = {"store": store, "error": f"{type(e).__name__}: {e}"}

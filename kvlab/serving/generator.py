@@ -7,7 +7,8 @@ policy snapshots: ``kvlab.serving.checkpointing``), ``_next_request`` (each requ
 queue is wrapped so its context, tokens and end are seen on the generation thread, in order) and the time budget
 that paces ``BatchGenerator.next()`` (each step advances the event log's batch step).
 ``KvlabModelProvider`` hands mlx-lm the kvlab model already loaded (same weights, same dtype,
-no second copy) instead of loading the folder again.
+no second copy) instead of loading the folder again. A VLM is never batchable: mlx-lm's loop
+sends each of its requests to ``_serve_single``, which kvlab.serving.vlm_generator serves.
 
 If the generation thread dies (an exception out of mlx-lm's loop), every request it had taken
 gets a ``GenerationError`` naming the cause (the handler answers 500) and a new thread takes
@@ -35,6 +36,7 @@ from mlx_lm.server import (GenerationContext, ModelProvider, Response, ResponseG
 
 from ..errors import GenerationError, KvlabError, RequestError
 from .checkpointing import request_tokens
+from .vlm_generator import VLMRequests
 
 log = logging.getLogger("kvlab.serving")
 MAX_DEATHS = 3  # deaths in a row (no request finished in between) before the generator gives up
@@ -71,6 +73,9 @@ class KvlabModelProvider(ModelProvider):
         self.reset()
         self.model_key = (model_path, None, None)
         self.model, self.tokenizer, self.draft_model = m.net, m.tokenizer, None
+        if m.kind == "vlm":  # bound per request: served one at a time (kvlab.serving.vlm_generator)
+            self.processor, self.is_batchable = None, False
+            return
         self.processor = load_processor(m.net, m.config)
         self.is_batchable = all(hasattr(c, "merge") for c in make_prompt_cache(m.net))
 
@@ -138,6 +143,8 @@ class KvlabResponseGenerator(ResponseGenerator):
         self.kv_failure: GenerationError | None = None
         self.kv_on_fatal = on_fatal
         self.kv_lock = threading.Lock()
+        model = provider.kv_model
+        self.kv_vlm = VLMRequests(model, adapter, ledger, checkpoints) if model.kind == "vlm" else None
         super().__init__(provider, adapter)
         # No request can reach the loop before the server starts listening, so the budget is
         # swapped before mlx-lm's thread first iterates it.
@@ -219,6 +226,11 @@ class KvlabResponseGenerator(ResponseGenerator):
         if self.kv_failure is not None:
             return self.kv_failure
         return GenerationError(f"generation failed: {type(e).__name__}: {e}", 500)
+
+    def _serve_single(self, request, stream):
+        if self.kv_vlm is None:
+            return super()._serve_single(request, stream)
+        return self.kv_vlm.serve(*request, stream)
 
     def _next_request(self, timeout=None):
         item = super()._next_request(timeout)

@@ -9,7 +9,8 @@ finished request: kvlab.serving.diagnosing), the providers' cache diagnostics on
 and ``/v1/messages`` (a malformed diagnostics object is a 400), ``POST /v1/messages`` (Anthropic, see
 kvlab.serving.anthropic), ``POST /v1/responses`` (OpenAI Responses, kvlab.serving.responses),
 JSON 404s for unknown routes, a 400 for an empty or malformed message
-list, kvlab's normalisation of messages (``--normalise``) and a 400 instead of mlx-lm's 404 when a
+list or an image kvlab will not serve (a web URL, an image to a text model: chat_checks),
+kvlab's normalisation of messages (``--normalise``) and a 400 instead of mlx-lm's 404 when a
 request is refused for what it asks (a prompt over the context). A request body is read once
 here, checked, possibly rewritten, and handed to mlx-lm's ``do_POST`` as if it came off the wire.
 A request that generation fails for (mlx-lm's thread died: kvlab.serving.generator) gets a 5xx
@@ -32,7 +33,7 @@ from urllib.parse import parse_qs, urlsplit
 from mlx_lm.server import APIHandler
 
 from ..errors import DiagnosticsError, GenerationError, RequestError
-from . import anthropic, prometheus, responses
+from . import anthropic, chat_checks, prometheus, responses
 from .response_writer import ResponsesWriter
 
 log = logging.getLogger("kvlab.serving")
@@ -104,7 +105,7 @@ class KvlabHandler(APIHandler):
             if route == "/v1/responses":
                 return self._responses(body)
             if route in CHAT_ROUTES and isinstance(body, dict):
-                problem = _check_messages(body.get("messages"))
+                problem = self._problem(body.get("messages"))
                 if problem:
                     return self._json(400, _error(problem))
                 try:
@@ -269,6 +270,8 @@ class KvlabHandler(APIHandler):
             chat = anthropic.to_chat(body)
         except anthropic.MessagesError as e:
             return self._json(e.status, anthropic.error_body(str(e), e.kind))
+        if problem := self._problem(chat["messages"]):
+            return self._json(400, anthropic.error_body(problem))
         try:
             self.kv_diag = self.kv.diagnostics.request(body, "anthropic", self.headers)
         except DiagnosticsError as e:
@@ -317,6 +320,10 @@ class KvlabHandler(APIHandler):
             finally:
                 self.kv_anthropic = None
 
+    def _problem(self, messages) -> str:
+        """The 400 message for ``messages`` (kvlab.serving.chat_checks), "" if they may go on."""
+        return chat_checks.problem(messages, self.kv.model.name, self.kv.model.kind == "vlm")
+
     def _json(self, code: int, obj) -> None:
         data = json.dumps(obj, default=str).encode()
         BaseHTTPRequestHandler.send_response(self, code)
@@ -332,15 +339,6 @@ class KvlabHandler(APIHandler):
 
 def _error(message: str, kind: str = "invalid_request_error") -> dict:
     return {"error": {"message": message, "type": kind}}
-
-
-def _check_messages(messages) -> str:
-    if not isinstance(messages, list) or not messages:
-        return "messages must be a non-empty list of {'role': ..., 'content': ...} objects"
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-            return f"messages[{i}] must be an object with a string 'role'"
-    return ""
 
 
 def bind_handler(server) -> type:

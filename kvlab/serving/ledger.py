@@ -61,10 +61,12 @@ class Ledger:
         return rid
 
     # -- the generation thread --------------------------------------------------------------------
-    def tokenized(self, rid, prompt) -> None:
+    def tokenized(self, rid, prompt, images=()) -> None:
+        """Request ``rid``'s prompt ids (and a VLM request's image keys: (start, end, pixel hash))."""
         with self._lock:
             if rid in self._open:
                 self._open[rid]["prompt"] = tuple(prompt)
+                self._open[rid]["images"] = tuple(images)
 
     def admitted(self, rid, ctx) -> None:
         # the lookup is done (the context is passed on only after it): keep what it found for

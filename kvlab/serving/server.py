@@ -8,6 +8,11 @@ runs, over the store ``kv.make_store(name)`` builds, mlx-lm's own ``LRUPromptCac
 ``"mlx-lru"`` included), the event log, the ledger of requests, the recording and the extra
 routes (kvlab.serving.handler).
 
+A vision-language model (``tiny-vlm``, an mlx-vlm folder or a ``kv.load_vlm`` model) takes images
+in its chat and messages requests and is keyed as ``kv.Engine`` keys it (each image's pixel hash
+over its placeholders); its requests are not continuously batched but served one at a time on the
+generation thread (kvlab.serving.vlm_generator: the model is bound to each request's images).
+
 Binds 127.0.0.1 unless told otherwise; ``port=0`` picks a free port. ``api_key`` (default
 ``$KVLAB_API_KEY``) is checked on every route. ``budget`` is the store's ``budget_bytes``.
 
@@ -58,14 +63,14 @@ class Server(Listening):
                  max_tokens: int = 512, decode_concurrency: int = 32, prompt_concurrency: int = 8,
                  disk=None, disk_budget=None, checkpoints="segment_ends"):
         from ..checkpoints import parse_policy
-        from ..models.loading import Model, load
+        from ..models.loading import Model
 
         parse_policy(checkpoints)  # a bad spec fails before a model is loaded
 
         if isinstance(model, Model) and dtype not in (None, model.dtype):
             raise KvlabError(f"the model passed runs in {model.dtype}, not the dtype={dtype!r} asked for: "
                              f"pass its name or folder to load it in {dtype}, or load it so yourself")
-        self.model = model if isinstance(model, Model) else load(model, dtype=dtype)
+        self.model = model if isinstance(model, Model) else load_served(model, dtype)
         self.listener = Listener(host, port, "kvlab serve", log)
         self.normalise, self.record_text = bool(normalise), bool(record_text)
         # normalise=True: kv.DEFAULT_RULES; a sequence of kv Rules: those rules instead
@@ -198,6 +203,7 @@ class Server(Listening):
                 "by_type": a.stats_by_type(), "step": self.events_log.step,
                 "events": self.events_log.next_seq, "normalise": self.normalise,
                 "model": self.model.name, "url": self.url,
+                "batching": "one request at a time (VLM)" if self.model.kind == "vlm" else "continuous",
                 "generation_restarts": self.generator.kv_restarts if self.generator else 0,
                 "failure": None if self.failure is None else str(self.failure)}
 
@@ -222,8 +228,37 @@ class Server(Listening):
         return summary_html("kvlab Server", body=table_html(None, rows))
 
 
+def is_vlm_name(name) -> bool:
+    """Whether ``name`` names a vision-language model: ``tiny-vlm``, ``tiny-vlm:<arch>`` or a local
+    folder whose config.json has a ``vision_config`` (an mlx-vlm folder)."""
+    import json
+    from pathlib import Path
+
+    key = os.fspath(name)
+    if key == "tiny-vlm" or key.startswith("tiny-vlm:"):
+        return True
+    config = Path(key).expanduser() / "config.json"
+    try:
+        return config.is_file() and "vision_config" in json.loads(config.read_text())
+    except (OSError, ValueError):
+        return False
+
+
+def load_served(name, dtype=None):
+    """The model ``kvlab serve --model name`` serves: ``kv.load_vlm`` for a VLM name or folder
+    (its requests run one at a time: kvlab.serving.vlm_generator), else ``kv.load``."""
+    if is_vlm_name(name):
+        from ..vlm import load_vlm
+
+        return load_vlm(name, dtype=dtype)
+    from ..models.loading import load
+
+    return load(name, dtype=dtype)
+
+
 def serve(model="tiny", store="radix", **kwargs) -> Server:
-    """A :class:`Server` for ``model`` (a name ``kv.load`` accepts, a folder, or a loaded model)
+    """A :class:`Server` for ``model`` (a name ``kv.load`` accepts, a folder, ``tiny-vlm`` or an
+    mlx-vlm folder (a VLM: requests with images, served one at a time), or a loaded model)
     with ``store`` (``radix``, ``paged``, ``system``, ``mlx-lru``, ``none`` or a store object),
     started; use it as a context manager so it stops (threads joined, port freed).
 
