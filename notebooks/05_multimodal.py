@@ -260,10 +260,14 @@ for name in families:
     cached = kv.Engine(fam, kv.stores.make_store("radix"), verify=True)
     cold.run(user(questions_4[0]), 1)  # warm-up: first-call compilation is no one's TTFT
     cached.run(user(questions_4[0]), 1)  # the first user fills the cache
+    first = kv.tokenise(fam, user(questions_4[0])).ids
     for q in questions_4[1:]:
         c, r = cold.run(user(q), 1), cached.run(user(q), 1)
+        toks = kv.tokenise(fam, user(q))
         ttft_rows.append({"model": name, "arch": fam.arch, "family": fam.layout.summary(),
                           "prompt_tokens": r.prompt_tokens, "reused_tokens": r.reused_tokens,
+                          "shared_prefix_tokens": kv.tokens.common_prefix_len(first, toks.ids),
+                          "system_ends_at": toks.spans[0].token_end,
                           "cold_ttft_ms": c.ttft_s * 1e3, "cached_ttft_ms": r.ttft_s * 1e3,
                           "verify_diff": float(r.verify_diff), "matches_cold": bool(r.verify_diff <= fam_tol)})
 ttft = pl.DataFrame(ttft_rows)
@@ -356,24 +360,20 @@ summary = (results.group_by("experiment", "store", "keys", maintain_order=True)
 summary
 
 # %%
-results = kv.runner.save_results(results, results_path, "05_multimodal")
+core = results  # sections 1-3; the saved table also holds sections 4 and 5, one experiment each
+parts = {"text-only TTFT": ttft, "wrong image per family": wrong_image, "peers": peers}
+saved = pl.concat([core] + [f.with_columns(pl.lit(k).alias("experiment")) for k, f in parts.items() if f.height],
+                  how="diagonal_relaxed")
+saved = kv.runner.save_results(saved, results_path, "05_multimodal")
 
 # %% [markdown]
 # ## Findings
 
 # %%
-images = results.filter(pl.col("experiment") == "different images")
-wrong, right = (images.filter(pl.col("keys") == k) for k in ("ids-only", "image-aware"))
-aware = results.filter(pl.col("keys") == "image-aware")
-finding = (f"With identical token ids and different images, ids-only keys reused {wrong['reused_tokens'].sum()} of "
-           f"{wrong['prompt_tokens'].sum()} prompt tokens and matched a cold run on {wrong['matches_cold'].sum()} of "
-           f"{wrong.height} requests (logits up to {wrong['verify_diff'].max():.2f} away); image-aware keys reused "
-           f"{right['reused_tokens'].sum()} and every image-aware request matched cold on {aware['matches_cold'].sum()} "
-           f"of {aware.height} (within {aware['verify_diff'].max():.1e}, tolerance {tolerance:g}). Reuse was exactly "
-           f"what the keys allow on {results['reuse_as_expected'].sum()} of {results.height} requests.")
-Markdown(finding)
+def span(lo, hi, unit, fmt="{:.2f}"):
+    return fmt.format(lo) + unit if fmt.format(lo) == fmt.format(hi) else f"{fmt.format(lo)}-{fmt.format(hi)}{unit}"
 
-# %%
+
 speed = seed_table.sort("speedup")
 seed_lo, seed_hi = min(r["speedup"] for r in seed_rows.iter_rows(named=True)), max(seed_rows["speedup"])
 lo, hi = speed["speedup"][0], speed["speedup"][-1]
@@ -383,7 +383,8 @@ per_family = ", ".join(f"{r['arch']} {r['speedup']:.2f}x ({r['cold ms']:.1f} -> 
                        f"{r['reused_tokens']:.0f} of {r['prompt_tokens']:.0f} tokens reused)"
                        for r in seed_table.iter_rows(named=True))
 family_finding = (
-    f"**Text-only requests on a VLM: caching cut TTFT {lo:.2f}-{hi:.2f}x across {seed_table.height} families**, "
+    f"**Text-only requests on a VLM: caching cut TTFT {span(lo, hi, 'x')} across {seed_table.height} "
+    f"{'family' if seed_table.height == 1 else 'families'}**, "
     f"{shape} seed 000's {seed_lo:.2f}-{seed_hi:.2f}x: {per_family}; "
     f"{ttft['matches_cold'].sum()} of {ttft.height} cached requests matched a cold prefill (largest difference "
     f"{ttft['verify_diff'].max():.1e}). The ratio follows the share of the prompt the system prompt is; the "
@@ -391,14 +392,12 @@ family_finding = (
 wi = {k: wrong_image.filter(pl.col("keys") == k) for k in ("ids-only", "image-aware")}
 past = wi["image-aware"].filter(pl.col("reused_tokens") > pl.col("image_starts_at")).height
 family_finding += (
-    f" The wrong image on every family: ids-only keys reused {wi['ids-only']['reused_tokens'].min()}-"
-    f"{wi['ids-only']['reused_tokens'].max()} tokens and matched cold on {wi['ids-only']['matches_cold'].sum()} "
-    f"of {wi['ids-only'].height} families (logits up to {wi['ids-only']['verify_diff'].max():.2f} away); image-aware "
+    f" The wrong image on every family: ids-only keys reused "
+    f"{span(wi['ids-only']['reused_tokens'].min(), wi['ids-only']['reused_tokens'].max(), ' tokens', '{}')} and matched cold on {wi['ids-only']['matches_cold'].sum()} "
+    f"of {wi['ids-only'].height} (logits up to {wi['ids-only']['verify_diff'].max():.2f} away); image-aware "
     f"keys reused past the image on {past} and matched cold on {wi['image-aware']['matches_cold'].sum()} of "
     f"{wi['image-aware'].height}.")
-Markdown(family_finding)
 
-# %%
 if peer_table is None:
     peer_finding = "Section 5 did not run (`peer_models` is empty)."
 else:
@@ -413,6 +412,18 @@ else:
                      "prompt tokens)")
     wrong_apc = audit.disagreements().height if audit is not None else 0
     peer_finding = ("**Peers:** " + "; ".join(parts) + ". APC audit: "
-                    + (f"{wrong_apc} of {audit.frame.height} steps disagree — " + "; ".join(audit.findings()[:3])
+                    + (f"{wrong_apc} of {audit.frame.height} steps disagree: " + "; ".join(
+                        [x for x in audit.findings() if "did not reuse" in x or "differs" in x]
+                        + [x for x in audit.findings() if "never replays" in x])
                        if audit is not None else "not run") + ".")
-Markdown(peer_finding)
+
+images = core.filter(pl.col("experiment") == "different images")
+wrong, right = (images.filter(pl.col("keys") == k) for k in ("ids-only", "image-aware"))
+aware = core.filter(pl.col("keys") == "image-aware")
+finding = (f"With identical token ids and different images, ids-only keys reused {wrong['reused_tokens'].sum()} of "
+           f"{wrong['prompt_tokens'].sum()} prompt tokens and matched a cold run on {wrong['matches_cold'].sum()} of "
+           f"{wrong.height} requests (logits up to {wrong['verify_diff'].max():.2f} away); image-aware keys reused "
+           f"{right['reused_tokens'].sum()} and every image-aware request matched cold on {aware['matches_cold'].sum()} "
+           f"of {aware.height} (within {aware['verify_diff'].max():.1e}, tolerance {tolerance:g}). Reuse was exactly "
+           f"what the keys allow on {core['reuse_as_expected'].sum()} of {core.height} requests.")
+Markdown("\n\n".join((finding, family_finding, peer_finding)))
