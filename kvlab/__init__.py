@@ -21,7 +21,7 @@ __version__ = "0.1.0"
 
 # name -> module; resolved on first use so `import kvlab` stays cheap and viz stays optional
 _LAZY = {
-    "load": "models.loading", "Model": "models.loading", "fingerprint": "models.loading",
+    "load": "loader", "Model": "models.loading", "fingerprint": "models.loading",
     "load_vlm": "vlm", "VLModel": "vlm",
     "tokenise": "primitives.tokens", "Tokens": "primitives.tokens", "Span": "primitives.tokens",
     "split_at_boundary": "primitives.boundary", "Split": "primitives.boundary",

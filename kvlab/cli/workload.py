@@ -30,7 +30,7 @@ def register(sub) -> None:
 
 def workload(args) -> int:
     from ..experiments.workload_run import run_workload
-    from ..models.loading import load
+    from ..loader import load
 
     params = {k: v for k, v in (("turns", args.turns), ("seed", args.seed)) if v is not None}
     run = run_workload(load(args.model), args.name, store=args.store, normalise=args.normalise,

@@ -36,7 +36,7 @@ def register(sub) -> None:
 def load(state, args, cell, local_ns):
     from ..errors import KvlabError
     from ..models.loading import NAMES, Model
-    from ..models.loading import load as load_model
+    from ..loader import load as load_model
 
     name = args.model or "smollm2"
     value = None

@@ -39,9 +39,6 @@ from .families import MODEL_TYPES, PREFIX, ensure_family, is_family_name  # noqa
 from .tiny import ensure_tiny, qwen_tokenizer, qwen_tokenizer_dir, tiny_config  # noqa: E402,F401
 
 NAMES = ("smollm2", "tiny", "tiny-hybrid")
-# Names a higher layer serves, resolved by module name at call time as plugin entry points are, so
-# kvlab.models never imports kvlab.vlm (which builds on it): "tiny-vlm:<arch>" is a tiny VLM.
-PLUGINS = {"tiny-vlm:": ("kvlab.vlm", "load_vlm")}
 _HOW = ("pass a local mlx-lm model folder (config.json + *.safetensors, e.g. one made by "
         "`mlx_lm.convert`) or one of the known names: " + ", ".join(NAMES) +
         ", tiny:<model_type> (a tiny model of any cache family: " +
@@ -170,8 +167,7 @@ def fingerprint(model: Model) -> str:
 
 def load(name_or_path: str | os.PathLike = "smollm2", *, dtype: str | None = None) -> Model:
     """Load "smollm2" (default), "tiny", "tiny-hybrid", "tiny:<model_type>" (a tiny model of any
-    cache family: ``kvlab.models.families``), "tiny-vlm:<arch>" (a tiny VLM: ``kv.load_vlm``), a
-    local mlx-lm folder, or an "org/name" repo id from the local Hugging Face cache (``kvlab.models.hub``). Never downloads.
+    cache family: ``kvlab.models.families``), a local mlx-lm folder, or an "org/name" repo id from the local Hugging Face cache (``kvlab.models.hub``). Never downloads.
 
     ``dtype=None`` keeps the stored dtype on every platform (the tiny models are stored in float32);
     smollm2 is built from its 4-bit GGUF in ``default_dtype()`` (float32 on Linux CPU, for speed).
@@ -189,11 +185,9 @@ def load(name_or_path: str | os.PathLike = "smollm2", *, dtype: str | None = Non
         return _load_folder(ensure_tiny(key == "tiny-hybrid"), key, dtype)
     if is_family_name(key):
         return _load_folder(ensure_family(key), key, dtype)
-    for prefix, (module, loader) in PLUGINS.items():
-        if key.startswith(prefix):
-            import importlib
-
-            return getattr(importlib.import_module(module), loader)(key, dtype=dtype)
+    if key == "tiny-vlm" or key.startswith("tiny-vlm:"):
+        raise ModelNotFoundError(f"{key!r} is a vision-language model: load it with kv.load (kvlab.loader) "
+                                 "or kv.load_vlm; kvlab.models.loading loads text models only")
     path = Path(key).expanduser().resolve()
     name = path.name
     if not path.is_dir() and hub.is_repo_id(key):

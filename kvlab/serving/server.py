@@ -63,6 +63,7 @@ class Server(Listening):
                  max_tokens: int = 512, decode_concurrency: int = 32, prompt_concurrency: int = 8,
                  disk=None, disk_budget=None, checkpoints="segment_ends"):
         from ..checkpoints import parse_policy
+        from ..loader import load
         from ..models.loading import Model
 
         parse_policy(checkpoints)  # a bad spec fails before a model is loaded
@@ -70,7 +71,7 @@ class Server(Listening):
         if isinstance(model, Model) and dtype not in (None, model.dtype):
             raise KvlabError(f"the model passed runs in {model.dtype}, not the dtype={dtype!r} asked for: "
                              f"pass its name or folder to load it in {dtype}, or load it so yourself")
-        self.model = model if isinstance(model, Model) else load_served(model, dtype)
+        self.model = model if isinstance(model, Model) else load(model, dtype=dtype)
         self.listener = Listener(host, port, "kvlab serve", log)
         self.normalise, self.record_text = bool(normalise), bool(record_text)
         # normalise=True: kv.DEFAULT_RULES; a sequence of kv Rules: those rules instead
@@ -226,34 +227,6 @@ class Server(Listening):
                 ("request hit rate", f"{s['request_hit_rate']:.1%}"), ("bytes", fmt_bytes(s["bytes"])),
                 ("entries", s["entries"]), ("batch steps", s["step"])]
         return summary_html("kvlab Server", body=table_html(None, rows))
-
-
-def is_vlm_name(name) -> bool:
-    """Whether ``name`` names a vision-language model: ``tiny-vlm``, ``tiny-vlm:<arch>`` or a local
-    folder whose config.json has a ``vision_config`` (an mlx-vlm folder)."""
-    import json
-    from pathlib import Path
-
-    key = os.fspath(name)
-    if key == "tiny-vlm" or key.startswith("tiny-vlm:"):
-        return True
-    config = Path(key).expanduser() / "config.json"
-    try:
-        return config.is_file() and "vision_config" in json.loads(config.read_text())
-    except (OSError, ValueError):
-        return False
-
-
-def load_served(name, dtype=None):
-    """The model ``kvlab serve --model name`` serves: ``kv.load_vlm`` for a VLM name or folder
-    (its requests run one at a time: kvlab.serving.vlm_generator), else ``kv.load``."""
-    if is_vlm_name(name):
-        from ..vlm import load_vlm
-
-        return load_vlm(name, dtype=dtype)
-    from ..models.loading import load
-
-    return load(name, dtype=dtype)
 
 
 def serve(model="tiny", store="radix", **kwargs) -> Server:

@@ -39,7 +39,7 @@ def warm(vlm):
 
 
 def test_vlm_names(vlm, tiny):
-    from kvlab.serving.server import is_vlm_name
+    from kvlab.loader import is_vlm_name
 
     assert [is_vlm_name(n) for n in ("tiny-vlm", "tiny-vlm:gemma4", vlm.path, "tiny", tiny.path)] == \
         [True, True, True, False, False]

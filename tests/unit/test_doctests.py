@@ -21,7 +21,7 @@ PURE = ["kvlab.primitives.tokens", "kvlab.primitives.chat_template", "kvlab.prim
         "kvlab.workloads.generators", "kvlab.workloads.multimodal", "kvlab.workloads.text", "kvlab.workloads.fit", "kvlab.workloads.fixed",
         "kvlab.serving.workload_params"]
 VLM = ["kvlab.vlm", "kvlab.vlm.images", "kvlab.vlm.model", "kvlab.vlm.net", "kvlab.vlm.build",
-       "kvlab.vlm.load"]
+       "kvlab.vlm.load", "kvlab.vlm.archs", "kvlab.vlm.tiny_archs", "kvlab.loader"]
 FLAGS = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
 NEEDS_MODEL = re.compile(r"\bm\b|kv\.load\(|\bload_vlm\(|ensure_tiny_vlm\(")
 
