@@ -42,7 +42,7 @@ REPORTED = ("block_size", "num_blocks", "disk_max_gb", "memory_max_gb", "memory_
 ENV_ONLY_DEFAULTS = {"exact_min_tokens": 16, "hash": "fast", "default_tenant": None, "max_pool_tensors": 450000,
                      "layer_major_memory_min_tokens": 50000, "disk_min_free_ram_gb": 2.0}
 ENV_ONLY = tuple(ENV_ONLY_DEFAULTS)
-TINY_VLMS = ("qwen2_vl",)  # "tiny-vlm:<model_type>" this branch can build
+TINY_VLMS = ("qwen2_vl", "qwen3_5", "gemma4")  # the "tiny-vlm:<model_type>" kvlab builds
 
 
 def vlm_folder(model) -> Path:
@@ -54,7 +54,7 @@ def vlm_folder(model) -> Path:
         >>> vlm_folder("tiny-vlm").name.startswith("tiny-qwen2vl-")
         True
     """
-    from ..vlm import VLModel, ensure_tiny_vlm
+    from ..vlm import VLModel, ensure_tiny_arch, ensure_tiny_vlm
 
     if isinstance(model, VLModel):
         return Path(model.path)
@@ -65,7 +65,7 @@ def vlm_folder(model) -> Path:
             raise PeerError(f"{key!r}: no tiny {kind} VLM is built by this kvlab (it builds "
                             f"{', '.join(TINY_VLMS)}); pass one of tiny-vlm:{' tiny-vlm:'.join(TINY_VLMS)} "
                             "or an mlx-vlm folder")
-        return Path(ensure_tiny_vlm())
+        return Path(ensure_tiny_vlm() if kind == "qwen2_vl" else ensure_tiny_arch(kind))
     path = Path(key).expanduser()
     if not (path / "config.json").is_file():
         raise PeerError(f"{key!r} is neither tiny-vlm[:<model_type>] nor an mlx-vlm folder with a "
