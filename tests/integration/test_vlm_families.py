@@ -37,7 +37,7 @@ pytest.importorskip("mlx_vlm")
 import mlx.core as mx  # noqa: E402  (after kvlab: OpenBLAS first)
 from PIL import Image  # noqa: E402
 
-from kvlab.primitives.snapshots import prefill  # noqa: E402
+from kvlab.primitives.snapshots import advance, prefill  # noqa: E402
 from kvlab.vlm import archs  # noqa: E402
 
 pytestmark = [pytest.mark.vlm, pytest.mark.model]
@@ -120,13 +120,21 @@ def test_unknown_architectures_are_refused(tmp_path):
 
 # -- the adapters match mlx-vlm -----------------------------------------------------------------
 
+def _mlx_vlm_extra(vlm, toks, px):
+    """What mlx-vlm's generation passes with the ids besides pixels: qwen's image grid; gemma4's
+    ``mm_token_type_ids`` (1 at image placeholders, as mlx_vlm/models/gemma4/processing_gemma4.py
+    makes them), which turn on its bidirectional attention within an image."""
+    if vlm.arch != "gemma4":
+        return {"image_grid_thw": mx.array([px.grid])}
+    return {"mm_token_type_ids": (mx.array(toks.ids)[None] == vlm.image_token_id).astype(mx.int32)}
+
+
 def _mlx_vlm_logits(vlm, toks, img):
     from mlx_vlm.models.cache import make_prompt_cache
 
     px = vlm.process_image(img)
-    extra = {} if vlm.arch == "gemma4" else {"image_grid_thw": mx.array([px.grid])}
     return vlm.module(mx.array(toks.ids)[None], pixel_values=px.pixel_values,
-                      cache=make_prompt_cache(vlm.module.language_model), **extra).logits[0]
+                      cache=make_prompt_cache(vlm.module.language_model), **_mlx_vlm_extra(vlm, toks, px)).logits[0]
 
 
 def test_cold_logits_match_mlx_vlm(vlm):
@@ -164,24 +172,60 @@ def test_text_only_net_and_decode_match_mlx_vlm(vlm):
     toks = kv.tokenise(vlm, _msgs(img))
     px = vlm.process_image(img)
     theirs = make_prompt_cache(lm)
-    grid = {} if vlm.arch == "gemma4" else {"image_grid_thw": mx.array([px.grid])}
-    vlm.module(mx.array(toks.ids)[None], pixel_values=px.pixel_values, cache=theirs, **grid)
+    vlm.module(mx.array(toks.ids)[None], pixel_values=px.pixel_values, cache=theirs, **_mlx_vlm_extra(vlm, toks, px))
     nxt = mx.array([[1234]])
     ref = lm(nxt, cache=theirs).logits
     _, ours = vlm.prefill(toks)
     assert float(mx.abs(vlm.for_request(toks)(nxt, cache=ours) - ref).max()) <= LOGIT_TOL
 
 
+def test_gemma4_causal_images_differ_from_mlx_vlm(monkeypatch):
+    """The mutant of the anchor for gemma4: the adapter without token types (the tiny model's
+    images attending causally, as before TINY_ARCHS_VERSION 2) is not mlx-vlm's Gemma 4, whose
+    tokens of one image see each other (``use_bidirectional_attention: "vision"``)."""
+    vlm = kv.load("tiny-vlm:gemma4")
+    assert vlm.module.language_model.config.use_bidirectional_attention == "vision"
+    assert vlm.adapter.bidirectional(vlm.module) and not kv.load("tiny-vlm:qwen3_5").adapter.bidirectional(None)
+    img = _image(7)
+    toks = kv.tokenise(vlm, _msgs(img))
+    ref = _mlx_vlm_logits(vlm, toks, img)
+    monkeypatch.setattr(archs.Gemma4Adapter, "token_types", lambda self, module, ids: mx.zeros_like(ids))
+    causal, _ = vlm.prefill(toks, all_logits=True)
+    assert float(mx.abs(causal - ref).max()) > WRONG_KV_MIN  # measured 5.8
+    start = toks.images[0].token_start  # the text before the image is the same either way
+    assert float(mx.abs(causal[:start] - ref[:start]).max()) <= LOGIT_TOL
+
+
 def test_prompt_in_two_pieces_equals_one_pass(vlm):
-    """Cut before, inside and after the image (and one token before the end): the second piece
-    runs on the first piece's cache, so features and positions must start at the cache offset.
-    Mutant caught: image features taken from the chunk start instead of the placeholder start."""
+    """Cut before, at, inside and after the image (and one token before the end): the second
+    piece runs on the first piece's cache, so features and positions must start at the cache
+    offset. The first piece runs as one chunk (``advance``). gemma4's image tokens see each other,
+    so a piece may neither end nor start inside an image: both are refused, naming the image.
+    Mutants caught: image features taken from the chunk start instead of the placeholder start;
+    gemma4 without ImageBlockMask (mlx-vlm drops its image overlay on top of a cached prefix:
+    cuts at or before the image 5.8 off); the refusals removed (cut inside: 1.0 off)."""
     toks = kv.tokenise(vlm, _msgs(_image(9)))
     (ref,) = toks.images
+    s, e = ref.token_start, ref.token_end
     cold, _ = vlm.prefill(toks, all_logits=True)
-    for cut in (ref.token_start - 1, ref.token_start + 2, ref.token_end + 1, len(toks.ids) - 1):
+    inside = s + 2
+    for cut in (s - 1, s, inside, e, e + 1, len(toks.ids) - 1):
         net = vlm.for_request(toks)
-        _, cache = prefill(net, toks.ids[:cut])
+        if vlm.arch == "gemma4" and cut == inside:
+            with pytest.raises(kv.ImageError) as err:
+                advance(net, toks.ids[:cut], vlm.make_cache())
+            assert str(err.value) == (f"a chunk 0:{cut} ends inside image 0 (tokens {s}:{e}): gemma4 attends "
+                                      f"bidirectionally within an image, so its tokens run in one chunk; end "
+                                      f"the chunk at or before {s}, or at or after {e}")
+            # a cache that holds part of the image (here made by the text-only net) is refused too
+            _, part = prefill(vlm, kv.tokenise(vlm, _text("Name a colour, then a fruit, then a tree.")).ids[:cut])
+            with pytest.raises(kv.ImageError) as err:
+                net(mx.array(toks.ids[cut:])[None], cache=part)
+            assert str(err.value) == (f"cannot prefill from {cut}: position {cut} is inside image 0 (tokens "
+                                      f"{s}:{e}): gemma4 attends bidirectionally within an image; restore at "
+                                      f"or before token_start {s}")
+            continue
+        cache = advance(net, toks.ids[:cut], vlm.make_cache())
         warm, _ = prefill(net, toks.ids[cut:], cache, all_logits=True)
         assert float(mx.abs(warm - cold[cut:]).max()) <= LOGIT_TOL, cut
 
