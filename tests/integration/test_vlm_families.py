@@ -308,3 +308,66 @@ def test_ids_only_keys_replay_the_wrong_image(vlm, store):
     r = engine.run(b, max_tokens=1)
     assert r.reused_tokens == len(b.ids) - 1  # a snapshot at the prompt end minus one (or its checkpoint)
     assert r.verify_diff > WRONG_KV_MIN
+
+
+# -- never restored inside an image whose tokens see each other ----------------------------------
+
+def _short(image, question):
+    return [{"role": "system", "content": "Hi."},
+            {"role": "user", "content": [{"type": "image", "image": image}, {"type": "text", "text": question}]}]
+
+
+@pytest.mark.parametrize("arch", ["gemma4", "qwen2_vl"])
+def test_reuse_core_cuts_a_match_inside_a_bidirectional_image_back_to_its_start(arch):
+    """A store answer that ends inside an image (the core's ``limit``, as the served path passes
+    it, at image start + 3): gemma4 restores exactly up to token_start, recording why (a
+    ``refused`` row for the 3 tokens, naming the image); causal qwen2_vl restores all of it. Both
+    then match cold. A 25-token prompt, so gemma4's window of 32 has not wrapped and can be cut.
+    Mutant caught: the core without the model's restorable_limit (gemma4 restores at 14 and the
+    prefill of the rest is refused: "cannot prefill from 14: position 14 is inside image 0")."""
+    from kvlab.keys import cache_key
+    from kvlab.reuse import PrefixCache
+
+    vlm = kv.load(f"tiny-vlm:{arch}")
+    toks = kv.tokenise(vlm, _short(_image(3), "What?"))
+    (im,) = toks.images
+    assert (len(toks.ids), im.token_start, im.token_end) == (25, 11, 17)
+    rows = []
+    core = PrefixCache(kv.RadixStore(), vlm, emit=lambda *row, **extra: rows.append(row))
+    cold, cache = vlm.prefill(toks, all_logits=True)
+    key = cache_key(toks)
+    core.offer(1, key, toks, kv.snapshot(cache, tokens=toks.ids, model=vlm))
+    core.drain(1, key)
+    found = core.lookup(2, key, toks, limit=14)
+    why = ("position 14 is inside image 0 (tokens 11:17): gemma4 attends bidirectionally within an image; "
+           "restore at or before token_start 11")
+    if arch == "gemma4":
+        assert (found.reused, found.refused, found.why) == (11, 3, why)
+        assert [r[1:] for r in rows if r[0] == 2 and r[1] in ("refused", "hit")] == [
+            ("refused", 3, 0, 2, why), ("hit", 11, 0, 2, "exact")]
+        assert {k: v for k, v in found.missed.reasons.items() if v} == {"partial_block": 1, "not_trimmable": 13}
+    else:
+        assert (found.reused, found.refused, found.why) == (14, 0, "")
+    warm, _ = vlm.prefill(toks, found.cache, all_logits=True)
+    assert float(mx.abs(warm - cold[found.reused:]).max()) <= LOGIT_TOL
+
+
+def test_engine_checkpoints_skip_the_inside_of_a_bidirectional_image():
+    """gemma4 with a checkpoint every 4 tokens: the stops 12 and 16 fall inside the image (11:17)
+    and are skipped (the prefill runs 8:20 in one chunk), every other stop is taken. The next
+    request (same ids, another image) reuses exactly up to the image's token_start 11 (the stop
+    at 20, cut back: its window of 32 has not wrapped), so the whole other image runs on top of
+    a restored cache, and matches cold.
+    Mutants caught: the engine's stops not filtered (ImageError: "a chunk 8:12 ends inside image
+    0"); ImageBlockMask dropped (mlx-vlm's overlay is lost on top of a cached prefix)."""
+    vlm = kv.load("tiny-vlm:gemma4")
+    engine = kv.Engine(vlm, kv.RadixStore(), checkpoints="every:4", verify=True)
+    long = "What? Describe the colours, the shapes and the light of it in a few plain words."
+    a, b = kv.tokenise(vlm, _short(_image(3), long)), kv.tokenise(vlm, _short(_image(4), long))
+    assert (a.images[0].token_start, a.images[0].token_end) == (11, 17)
+    engine.run(a, max_tokens=1)
+    ev = engine.events
+    stops = ev.filter((ev["event"] == "offer") & (ev["detail"] == "checkpoint"))["tokens"].to_list()
+    assert len(a.ids) > 32 and stops == list(range(4, len(a.ids), 4))[:2] + list(range(20, len(a.ids), 4))
+    r = engine.run(b, max_tokens=1)
+    assert a.ids == b.ids and r.reused_tokens == 11 and r.verify_diff <= LOGIT_TOL
