@@ -19,6 +19,11 @@ gemma4     RotatingKVCache + KVCache,    plain           embed_vision(vision_tow
            a cache                                       tokens' per-layer inputs from id 0
 =========  ============================  ==============  ============================================
 
+gemma4's tokens of one image attend to each other (``bidirectional``): its adapter passes the
+``mm_token_type_ids`` mlx-vlm's processor makes and, on top of a cached prefix, where mlx-vlm
+drops that overlay, masks through ``ImageBlockMask``; ``RequestModel`` refuses a chunk that starts
+or ends inside such an image.
+
 Example:
     >>> adapter_for("gemma4").mrope, adapter_for("qwen3_5").mrope
     (False, True)

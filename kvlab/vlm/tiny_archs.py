@@ -13,8 +13,9 @@ Qwen's ``<|image_pad|>`` 151655, ``<|vision_start|>`` 151652, ``<|vision_end|>``
 chat template (Qwen2-VL's) renders exactly those, so the template's image tokens and the config's
 ``image_token_id`` agree. Recurrent layers are initialised for long memory
 (``kvlab.models.families.LONG_MEMORY``), so a wrongly restored state cannot pass verification.
-Gemma 4's vision tokens attend causally here (``use_bidirectional_attention`` unset): a prompt
-split anywhere, image included, then runs in pieces exactly as in one pass.
+Gemma 4's text config keeps ``use_bidirectional_attention: "vision"`` as real Gemma 4 sets it
+(mlx-vlm's TextConfig defaults to None): the tokens of one image attend to each other, so its
+cache is never cut inside an image (``VLModel.restorable_limit``).
 
 Example:
     >>> tiny_arch_config("gemma4")["image_token_id"]

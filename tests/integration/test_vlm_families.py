@@ -3,20 +3,26 @@ qwen3_5 GatedDeltaNet hybrid, gemma4 sliding window + KV-shared layers) with eve
 
 The facts asserted:
   1. each adapter matches mlx-vlm: RequestModel's cold logits equal mlx-vlm's own
-     ``model(input_ids, pixel_values, ...)`` forward pass, and a prompt prefilled in two pieces
-     (cut before, inside and after the image) equals one pass;
+     ``model(input_ids, pixel_values, ...)`` forward pass (gemma4: with the ``mm_token_type_ids``
+     its processor makes, so the tokens of one image attend to each other), and a prompt
+     prefilled in two pieces (cut before, at, inside and after the image) equals one pass;
+     gemma4 refuses a piece that ends or starts inside an image, naming it;
   2. per tiny VLM x store, exact reused token counts for (a) a second text-only request with the
      same system prompt, (b) the same image again in the next turn, (c) a different image with
      the same ids: reuse stops at or before the image's first placeholder; every verify_diff
      within LOGIT_TOL of a cold run. Sliding and hybrid families reuse at checkpoints (message
      ends and the prompt end) exactly as their text families do, or refuse naming the layer;
-  3. the ids-only mutant (image_keys=False) replays another image's KV: verify_diff > WRONG_KV_MIN.
+  3. the ids-only mutant (image_keys=False) replays another image's KV: verify_diff > WRONG_KV_MIN;
+  4. gemma4 is never restored inside an image: the reuse core cuts such a match back to the
+     image's token_start (qwen2_vl keeps it), the Engine takes no checkpoint there.
 
 Mutants checked by hand (each test names its own): plain positions for the M-RoPE models, gemma4
 image features scaled like token embeddings, gemma4 per-layer inputs from the placeholder id,
 features sliced from the chunk start, qwen3_5's recurrent state not written back after a chunk,
 mlx-vlm's cache classes used as they are, decode positions without the M-RoPE delta, cache keys
-without image hashes (kvlab.keys: "other image" verify_diff 3.1 / 8.2 / 7.0).
+without image hashes (kvlab.keys: "other image" verify_diff 3.1 / 8.2 / 7.0); gemma4 without
+token types (5.8), without ImageBlockMask (9.3), without the refusals in RequestModel, the reuse
+core's restorable_limit or the Engine's stop filter (each test names what it then sees).
 
 LOGIT_TOL: float32 tiny models; restored KV/state is what a cold prefill computes, so cached and
 cold logits differ only by the order of float additions of a prompt run in pieces (measured
@@ -203,7 +209,8 @@ def test_prompt_in_two_pieces_equals_one_pass(vlm):
     so a piece may neither end nor start inside an image: both are refused, naming the image.
     Mutants caught: image features taken from the chunk start instead of the placeholder start;
     gemma4 without ImageBlockMask (mlx-vlm drops its image overlay on top of a cached prefix:
-    cuts at or before the image 5.8 off); the refusals removed (cut inside: 1.0 off)."""
+    cuts at or before the image 9.3 off); the refusals removed (a first piece ending inside the
+    image, then the rest: 3.8 off)."""
     toks = kv.tokenise(vlm, _msgs(_image(9)))
     (ref,) = toks.images
     s, e = ref.token_start, ref.token_end
@@ -323,8 +330,10 @@ def test_reuse_core_cuts_a_match_inside_a_bidirectional_image_back_to_its_start(
     it, at image start + 3): gemma4 restores exactly up to token_start, recording why (a
     ``refused`` row for the 3 tokens, naming the image); causal qwen2_vl restores all of it. Both
     then match cold. A 25-token prompt, so gemma4's window of 32 has not wrapped and can be cut.
-    Mutant caught: the core without the model's restorable_limit (gemma4 restores at 14 and the
-    prefill of the rest is refused: "cannot prefill from 14: position 14 is inside image 0")."""
+    Mutant caught: the core without the model's restorable_limit (gemma4 restores 14 tokens with
+    no reason recorded, and RequestModel then refuses the rest: "cannot prefill from 14: position
+    14 is inside image 0 ..."; without that refusal too, nothing would stop a cache cut inside an
+    image that a chunk ending there produced: 3.8 off, see the two-piece test)."""
     from kvlab.keys import cache_key
     from kvlab.reuse import PrefixCache
 
@@ -359,7 +368,8 @@ def test_engine_checkpoints_skip_the_inside_of_a_bidirectional_image():
     at 20, cut back: its window of 32 has not wrapped), so the whole other image runs on top of
     a restored cache, and matches cold.
     Mutants caught: the engine's stops not filtered (ImageError: "a chunk 8:12 ends inside image
-    0"); ImageBlockMask dropped (mlx-vlm's overlay is lost on top of a cached prefix)."""
+    0"); ImageBlockMask dropped (mlx-vlm's overlay is lost on top of a cached prefix: verify_diff
+    0.56)."""
     vlm = kv.load("tiny-vlm:gemma4")
     engine = kv.Engine(vlm, kv.RadixStore(), checkpoints="every:4", verify=True)
     long = "What? Describe the colours, the shapes and the light of it in a few plain words."
@@ -370,4 +380,6 @@ def test_engine_checkpoints_skip_the_inside_of_a_bidirectional_image():
     stops = ev.filter((ev["event"] == "offer") & (ev["detail"] == "checkpoint"))["tokens"].to_list()
     assert len(a.ids) > 32 and stops == list(range(4, len(a.ids), 4))[:2] + list(range(20, len(a.ids), 4))
     r = engine.run(b, max_tokens=1)
-    assert a.ids == b.ids and r.reused_tokens == 11 and r.verify_diff <= LOGIT_TOL
+    assert a.ids == b.ids and a.images[0].hash != b.images[0].hash
+    assert r.reused_tokens == 11
+    assert r.verify_diff <= LOGIT_TOL
