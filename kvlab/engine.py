@@ -28,7 +28,7 @@ from .primitives.snapshots import advance, make_cache, prefill, snapshot
 from .primitives.tokens import Tokens, common_prefix_len, is_id_sequence
 from .request import Request
 from .result import Result, hit_rates
-from .reuse import PrefixCache
+from .reuse import PrefixCache, restorable_limit
 
 KEYINGS = ("prompt", "prompt+output")
 # the core's rows (kvlab.reuse: EVENT_COLUMNS, event names documented there) plus the time
@@ -213,7 +213,8 @@ class Engine:
         if self.checkpoints and self.store is not None:
             bounds = prefill_stops(self.checkpoint_policy.positions(toks, self.model.tokenizer), len(ids),
                                    self.store.capabilities, self.model.layout)
-            bounds = tuple(b for b in bounds if b > reused)
+            # never a stop inside an image whose tokens attend to each other (gemma4)
+            bounds = tuple(b for b in bounds if b > reused and restorable_limit(self.model, toks, b)[0] == b)
         cache = make_cache(self.model) if cache is None else cache
         pos, pending = reused, None
         for b in bounds:

@@ -76,6 +76,14 @@ class Reuse:
         return summary_html(repr(self), code=True)
 
 
+def restorable_limit(model, tokens, n: int) -> tuple[int, str]:
+    """(the largest position <= n where ``model``'s cache of ``tokens`` can be restored exactly,
+    why it is less than n): the model's own ``restorable_limit`` (a VLM whose image tokens see
+    each other: never inside an image), else ``(n, "")``."""
+    hook = getattr(model, "restorable_limit", None)
+    return hook(tokens, n) if hook is not None else (n, "")
+
+
 class PrefixCache:
     """A store, the model its KV belongs to, and the rules for reusing it (module docstring).
 
@@ -119,12 +127,23 @@ class PrefixCache:
         t = timing.timed()
         cache, reused, refused = None, 0, 0
         if match.snapshot is not None and match.tokens > 0:
+            # a model may forbid some positions (gemma4: inside an image); text models: none
+            at, inside = restorable_limit(self.model, tokens, match.tokens)
             try:
-                cache = restore(self._restorable(match.snapshot, match.tokens))
-                reused = match.tokens
+                if at < 1:
+                    raise NotTrimmableError(inside)
+                cache = restore(self._restorable(match.snapshot, at))
+                reused = at
+                if inside:
+                    refused, why = match.tokens, inside
+                    self.emit(request, "refused", match.tokens - at, 0, match.entry_id, inside)
             except NotTrimmableError as e:
-                refused, why = match.tokens, f"could not trim the matched entry: {e}"
-                self.emit(request, "refused", refused, 0, match.entry_id, str(e))
+                refused = match.tokens
+                if not inside:
+                    why = f"could not trim the matched entry: {e}"
+                else:
+                    why = inside if at < 1 else f"{inside}, and the entry cannot be cut back to {at}: {e}"
+                self.emit(request, "refused", refused, 0, match.entry_id, why if inside else str(e))
         restore_s = t.done([layer.state for layer in cache or ()])
         untrimmable = not self.layout.restores_anywhere or refused > 0
         missed = self.misses.explain(key, reused, untrimmable=untrimmable, refused=refused)
@@ -133,7 +152,8 @@ class PrefixCache:
         for reason, n in missed.reasons.items():
             if n:
                 self.emit(request, "miss", n, 0, None, reason)
-        return Reuse(key, cache, reused, match, why, missed, refused, lookup_s, restore_s)
+        return Reuse(key, cache, reused, match, why, missed, refused - reused if refused else 0,
+                     lookup_s, restore_s)
 
     def _restorable(self, snap: Snapshot, tokens: int) -> Snapshot:
         """``snap`` cut to its first ``tokens`` tokens, checked to be this model's KV in this

@@ -19,6 +19,11 @@ gemma4     RotatingKVCache + KVCache,    plain           embed_vision(vision_tow
            a cache                                       tokens' per-layer inputs from id 0
 =========  ============================  ==============  ============================================
 
+gemma4's tokens of one image attend to each other (``bidirectional``): its adapter passes the
+``mm_token_type_ids`` mlx-vlm's processor makes and, on top of a cached prefix, where mlx-vlm
+drops that overlay, masks through ``ImageBlockMask``; ``RequestModel`` refuses a chunk that starts
+or ends inside such an image.
+
 Example:
     >>> adapter_for("gemma4").mrope, adapter_for("qwen3_5").mrope
     (False, True)
@@ -65,6 +70,11 @@ class Adapter:
         """Logits [1, L, vocab] of one chunk on ``cache`` (mlx-lm cache objects)."""
         return module.language_model(ids, inputs_embeds=embeds, cache=cache, position_ids=positions).logits
 
+    def bidirectional(self, module) -> bool:
+        """Whether the tokens of one image attend to each other (then a cache cut inside an image
+        is never exact: ``VLModel.restorable_limit``). qwen2_vl and qwen3_5: causal throughout."""
+        return False
+
     def make_cache(self, module) -> list:
         """A fresh mlx-lm prompt cache (kvlab snapshots know mlx-lm's cache classes)."""
         from mlx_lm.models.cache import make_prompt_cache
@@ -100,6 +110,31 @@ def mlx_lm_cache_like(vlm_cache) -> list:
             raise ModelNotFoundError(f"mlx-vlm made a {kind} cache layer, which kvlab's VLM path does "
                                      "not map onto mlx-lm's caches; use a qwen2_vl, qwen3_5 or gemma4 model")
     return out
+
+
+class ImageBlockMask:
+    """One layer's mlx-lm cache whose attention mask also lets the tokens of one image in this
+    chunk see each other. mlx-vlm's Gemma 4 adds that overlay only to a square mask (a chunk on an
+    empty cache) and silently drops it on top of a cached prefix (measured: logits 5.8 off); the
+    chunk's own keys are the mask's last L columns for KVCache and RotatingKVCache alike. Everything
+    else is the wrapped cache's."""
+
+    def __init__(self, cache, token_types: mx.array):
+        self.cache = cache
+        ids = mx.cumsum((token_types[0] == 1) & mx.concatenate(
+            [mx.array([True]), token_types[0, 1:] != token_types[0, :-1]]), axis=0)
+        block = mx.where(token_types[0] == 1, ids, -1)  # [L] image run number, -1 for text
+        self.same = (block[:, None] == block[None, :]) & (block[:, None] >= 0)  # [L, L]
+
+    def make_mask(self, n: int, window_size=None, return_array: bool = False):
+        base = self.cache.make_mask(n, window_size=window_size, return_array=True)
+        if base is None or n != self.same.shape[0]:
+            return base
+        before = mx.zeros((n, base.shape[-1] - n), dtype=mx.bool_)
+        return base | mx.concatenate([before, self.same], axis=1)
+
+    def __getattr__(self, name):
+        return getattr(self.cache, name)
 
 
 class Qwen35Adapter(Adapter):
@@ -169,8 +204,22 @@ class Gemma4Adapter(Adapter):
         return text.get_per_layer_inputs(mx.where(ids == module.config.image_token_id, 0, ids))
 
     def run(self, module, ids, embeds, cache, positions):
+        types = self.token_types(module, ids)
+        if cache is not None and self.bidirectional(module) and ids.shape[1] > 1:
+            cache = [ImageBlockMask(c, types) for c in cache]
         return module.language_model(None, inputs_embeds=embeds, cache=cache,
-                                     per_layer_inputs=self.per_layer_inputs(module, ids)).logits
+                                     per_layer_inputs=self.per_layer_inputs(module, ids),
+                                     mm_token_type_ids=types).logits
+
+    def bidirectional(self, module) -> bool:
+        """Whether the tokens of one image attend to each other (Gemma 4's
+        ``use_bidirectional_attention: "vision"``, as mlx-vlm reads it)."""
+        return getattr(module.language_model.config, "use_bidirectional_attention", None) == "vision"
+
+    def token_types(self, module, ids):
+        """[1, L] 1 at image placeholders, else 0: what mlx-vlm's Gemma 4 processor passes as
+        ``mm_token_type_ids``, so the tokens of one image attend to each other."""
+        return (ids == module.config.image_token_id).astype(mx.int32)
 
     def make_cache(self, module):
         return mlx_lm_cache_like(module.language_model.make_cache())

@@ -28,7 +28,7 @@ from ..primitives.chat_template import (char_to_token_span, encode_with_offsets,
 from ..primitives.tokens import ImageRef, Span, Tokens  # noqa: E402
 from .archs import Adapter, adapter_for  # noqa: E402
 from .images import Pixels, image_hash, image_source, load_image, placeholder_runs  # noqa: E402
-from .net import RequestModel, cache_offset  # noqa: E402
+from .net import RequestModel, cache_offset, inside_image  # noqa: E402
 
 IMAGE_MEMO = 64  # processed images kept per model (keyed by pixel hash)
 
@@ -174,6 +174,21 @@ class VLModel(Model):
     def memoised(self, image_hash: str) -> Pixels | None:
         """The processed pixels of the image with this pixel hash, if still memoised."""
         return self._memo.get(image_hash)
+
+    def restorable_limit(self, tokens, n: int) -> tuple[int, str]:
+        """The largest position <= n at which a cache of ``tokens`` can be restored exactly, and
+        why it is less than n ('' when it is n). The reuse core asks every model this: a model
+        whose image tokens attend to each other (gemma4) is never restored inside an image.
+
+        Example:
+            >>> kv.load_vlm("tiny:gemma4").restorable_limit(toks, 33)           # doctest: +SKIP
+            (31, 'position 33 is inside image 0 (tokens 31:37): gemma4 attends bidirectionally ...')
+        """
+        images = getattr(tokens, "images", ()) or ()
+        why = inside_image(images, n, self.arch) if images and self.adapter.bidirectional(self.module) else ""
+        if not why:
+            return n, ""
+        return next(im.token_start for im in images if im.token_start < n < im.token_end), why
 
     # -- running ----------------------------------------------------------------------------------
     def for_request(self, tokens: Tokens) -> RequestModel:

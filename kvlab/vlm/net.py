@@ -22,7 +22,7 @@ import mlx.core as mx  # noqa: E402
 
 from ..errors import ImageError, KvlabError, TokenIdError  # noqa: E402
 from ..primitives.display import summary_html, table_html  # noqa: E402
-from ..primitives.tokens import Tokens  # noqa: E402
+from ..primitives.tokens import ImageRef, Tokens  # noqa: E402
 from .images import Pixels, image_parts, image_source, load_image, placeholder_runs  # noqa: E402
 
 
@@ -37,6 +37,22 @@ def cache_offset(cache) -> int:
             off = c.offset
             return int(off.max().item()) if isinstance(off, mx.array) else int(off or 0)
     return 0
+
+
+def inside_image(images, position: int, arch: str) -> str:
+    """Why a cache of a model whose image tokens attend to each other cannot be cut at
+    ``position`` ('' when it can: at or outside every image's ends).
+
+    Example:
+        >>> inside_image([ImageRef("ab", 31, 37, 1)], 33, "gemma4")[:37]
+        'position 33 is inside image 0 (tokens'
+    """
+    for i, im in enumerate(images):
+        if im.token_start < position < im.token_end:
+            return (f"position {position} is inside image {i} (tokens {im.token_start}:{im.token_end}): "
+                    f"{arch} attends bidirectionally within an image; restore at or before token_start "
+                    f"{im.token_start}")
+    return ""
 
 
 class RequestModel:
@@ -65,6 +81,8 @@ class RequestModel:
         self._pixels: list[Pixels | None] = [None] * len(images)
         self._positions = None  # [3, 1, N] once computed (image requests only)
         self._delta = 0
+        # Gemma 4: the tokens of one image see each other, so no chunk may start or end inside one
+        self.bidirectional = bool(images) and vlm.adapter.bidirectional(vlm.module)
         if tokens is None:
             return
         found = placeholder_runs(tokens.ids, vlm.image_token_id)
@@ -106,6 +124,8 @@ class RequestModel:
         adapter, module = self.vlm.adapter, self.vlm.module
         start, length = cache_offset(cache), inputs.shape[1]
         got = self._checked(inputs, start)
+        if self.bidirectional:
+            self._whole_images(start, start + length)
         embeds = adapter.embed(module, inputs)
         for i, ref in enumerate(self.images):
             a, b = max(start, ref.token_start), min(start + length, ref.token_end)
@@ -119,6 +139,21 @@ class RequestModel:
             embeds[:, a - start: b - start] = feats[a - ref.token_start: b - ref.token_start][None].astype(embeds.dtype)
         positions = self.positions(start, start + length) if adapter.mrope else None
         return adapter.run(module, inputs, embeds, cache, positions)
+
+    def _whole_images(self, start: int, end: int) -> None:
+        """ImageError unless the chunk start..end holds every image it touches whole: a chunk
+        that starts inside an image runs on a cache whose image tokens may not have seen the
+        rest; one that ends inside leaves such a cache behind."""
+        arch = self.vlm.arch
+        why = inside_image(self.images, start, arch)
+        if why:
+            raise ImageError(f"cannot prefill from {start}: {why}")
+        for i, im in enumerate(self.images):
+            if im.token_start < end < im.token_end:
+                raise ImageError(f"a chunk {start}:{end} ends inside image {i} (tokens {im.token_start}:"
+                                 f"{im.token_end}): {arch} attends bidirectionally within an image, so "
+                                 f"its tokens run in one chunk; end the chunk at or before "
+                                 f"{im.token_start}, or at or after {im.token_end}")
 
     def _checked(self, inputs: mx.array, start: int) -> list[int]:
         """The chunk's ids, or TokenIdError / ImageError before MLX gathers their embeddings."""

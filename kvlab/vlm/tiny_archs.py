@@ -13,8 +13,9 @@ Qwen's ``<|image_pad|>`` 151655, ``<|vision_start|>`` 151652, ``<|vision_end|>``
 chat template (Qwen2-VL's) renders exactly those, so the template's image tokens and the config's
 ``image_token_id`` agree. Recurrent layers are initialised for long memory
 (``kvlab.models.families.LONG_MEMORY``), so a wrongly restored state cannot pass verification.
-Gemma 4's vision tokens attend causally here (``use_bidirectional_attention`` unset): a prompt
-split anywhere, image included, then runs in pieces exactly as in one pass.
+Gemma 4's text config keeps ``use_bidirectional_attention: "vision"`` as real Gemma 4 sets it
+(mlx-vlm's TextConfig defaults to None): the tokens of one image attend to each other, so its
+cache is never cut inside an image (``VLModel.restorable_limit``).
 
 Example:
     >>> tiny_arch_config("gemma4")["image_token_id"]
@@ -40,7 +41,7 @@ from ..models.families import initial_value  # noqa: E402
 from ..models.tiny import ensure_tiny_folder, qwen_vocab_size  # noqa: E402
 from .build import PROCESSOR_FILES, QWEN2_VL_TEMPLATE, instantiate, write_tokenizer  # noqa: E402
 
-TINY_ARCHS_VERSION = 1  # bump when this builder's output changes
+TINY_ARCHS_VERSION = 2  # bump when this builder's output changes
 ARCHS = ("qwen2_vl", "qwen3_5", "gemma4")
 QWEN_VISION_IDS = {"image_token_id": 151655, "video_token_id": 151656, "vision_start_token_id": 151652,
                    "vision_end_token_id": 151653}
@@ -76,7 +77,9 @@ def tiny_arch_config(arch: str) -> dict:
         text = {**_text(v), "model_type": "gemma4_text", "num_hidden_layers": 6, "num_key_value_heads": 1,
                 "global_head_dim": 16, "num_kv_shared_layers": 2, "vocab_size_per_layer_input": v,
                 "hidden_size_per_layer_input": 8, "sliding_window": WINDOW, "sliding_window_pattern": 2,
-                "use_double_wide_mlp": False, "final_logit_softcapping": 30.0}
+                "use_double_wide_mlp": False, "final_logit_softcapping": 30.0,
+                # as real Gemma 4: the tokens of one image attend to each other
+                "use_bidirectional_attention": "vision"}
         vision = {"model_type": "gemma4_vision", "hidden_size": 32, "intermediate_size": 64,
                   "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 16,
                   "global_head_dim": 16, "patch_size": 8, "position_embedding_size": 64,

@@ -3,20 +3,26 @@ qwen3_5 GatedDeltaNet hybrid, gemma4 sliding window + KV-shared layers) with eve
 
 The facts asserted:
   1. each adapter matches mlx-vlm: RequestModel's cold logits equal mlx-vlm's own
-     ``model(input_ids, pixel_values, ...)`` forward pass, and a prompt prefilled in two pieces
-     (cut before, inside and after the image) equals one pass;
+     ``model(input_ids, pixel_values, ...)`` forward pass (gemma4: with the ``mm_token_type_ids``
+     its processor makes, so the tokens of one image attend to each other), and a prompt
+     prefilled in two pieces (cut before, at, inside and after the image) equals one pass;
+     gemma4 refuses a piece that ends or starts inside an image, naming it;
   2. per tiny VLM x store, exact reused token counts for (a) a second text-only request with the
      same system prompt, (b) the same image again in the next turn, (c) a different image with
      the same ids: reuse stops at or before the image's first placeholder; every verify_diff
      within LOGIT_TOL of a cold run. Sliding and hybrid families reuse at checkpoints (message
      ends and the prompt end) exactly as their text families do, or refuse naming the layer;
-  3. the ids-only mutant (image_keys=False) replays another image's KV: verify_diff > WRONG_KV_MIN.
+  3. the ids-only mutant (image_keys=False) replays another image's KV: verify_diff > WRONG_KV_MIN;
+  4. gemma4 is never restored inside an image: the reuse core cuts such a match back to the
+     image's token_start (qwen2_vl keeps it), the Engine takes no checkpoint there.
 
 Mutants checked by hand (each test names its own): plain positions for the M-RoPE models, gemma4
 image features scaled like token embeddings, gemma4 per-layer inputs from the placeholder id,
 features sliced from the chunk start, qwen3_5's recurrent state not written back after a chunk,
 mlx-vlm's cache classes used as they are, decode positions without the M-RoPE delta, cache keys
-without image hashes (kvlab.keys: "other image" verify_diff 3.1 / 8.2 / 7.0).
+without image hashes (kvlab.keys: "other image" verify_diff 3.1 / 8.2 / 7.0); gemma4 without
+token types (5.8), without ImageBlockMask (9.3), without the refusals in RequestModel, the reuse
+core's restorable_limit or the Engine's stop filter (each test names what it then sees).
 
 LOGIT_TOL: float32 tiny models; restored KV/state is what a cold prefill computes, so cached and
 cold logits differ only by the order of float additions of a prompt run in pieces (measured
@@ -37,7 +43,7 @@ pytest.importorskip("mlx_vlm")
 import mlx.core as mx  # noqa: E402  (after kvlab: OpenBLAS first)
 from PIL import Image  # noqa: E402
 
-from kvlab.primitives.snapshots import prefill  # noqa: E402
+from kvlab.primitives.snapshots import advance, prefill  # noqa: E402
 from kvlab.vlm import archs  # noqa: E402
 
 pytestmark = [pytest.mark.vlm, pytest.mark.model]
@@ -120,13 +126,21 @@ def test_unknown_architectures_are_refused(tmp_path):
 
 # -- the adapters match mlx-vlm -----------------------------------------------------------------
 
+def _mlx_vlm_extra(vlm, toks, px):
+    """What mlx-vlm's generation passes with the ids besides pixels: qwen's image grid; gemma4's
+    ``mm_token_type_ids`` (1 at image placeholders, as mlx_vlm/models/gemma4/processing_gemma4.py
+    makes them), which turn on its bidirectional attention within an image."""
+    if vlm.arch != "gemma4":
+        return {"image_grid_thw": mx.array([px.grid])}
+    return {"mm_token_type_ids": (mx.array(toks.ids)[None] == vlm.image_token_id).astype(mx.int32)}
+
+
 def _mlx_vlm_logits(vlm, toks, img):
     from mlx_vlm.models.cache import make_prompt_cache
 
     px = vlm.process_image(img)
-    extra = {} if vlm.arch == "gemma4" else {"image_grid_thw": mx.array([px.grid])}
     return vlm.module(mx.array(toks.ids)[None], pixel_values=px.pixel_values,
-                      cache=make_prompt_cache(vlm.module.language_model), **extra).logits[0]
+                      cache=make_prompt_cache(vlm.module.language_model), **_mlx_vlm_extra(vlm, toks, px)).logits[0]
 
 
 def test_cold_logits_match_mlx_vlm(vlm):
@@ -164,24 +178,61 @@ def test_text_only_net_and_decode_match_mlx_vlm(vlm):
     toks = kv.tokenise(vlm, _msgs(img))
     px = vlm.process_image(img)
     theirs = make_prompt_cache(lm)
-    grid = {} if vlm.arch == "gemma4" else {"image_grid_thw": mx.array([px.grid])}
-    vlm.module(mx.array(toks.ids)[None], pixel_values=px.pixel_values, cache=theirs, **grid)
+    vlm.module(mx.array(toks.ids)[None], pixel_values=px.pixel_values, cache=theirs, **_mlx_vlm_extra(vlm, toks, px))
     nxt = mx.array([[1234]])
     ref = lm(nxt, cache=theirs).logits
     _, ours = vlm.prefill(toks)
     assert float(mx.abs(vlm.for_request(toks)(nxt, cache=ours) - ref).max()) <= LOGIT_TOL
 
 
+def test_gemma4_causal_images_differ_from_mlx_vlm(monkeypatch):
+    """The mutant of the anchor for gemma4: the adapter without token types (the tiny model's
+    images attending causally, as before TINY_ARCHS_VERSION 2) is not mlx-vlm's Gemma 4, whose
+    tokens of one image see each other (``use_bidirectional_attention: "vision"``)."""
+    vlm = kv.load("tiny-vlm:gemma4")
+    assert vlm.module.language_model.config.use_bidirectional_attention == "vision"
+    assert vlm.adapter.bidirectional(vlm.module) and not kv.load("tiny-vlm:qwen3_5").adapter.bidirectional(None)
+    img = _image(7)
+    toks = kv.tokenise(vlm, _msgs(img))
+    ref = _mlx_vlm_logits(vlm, toks, img)
+    monkeypatch.setattr(archs.Gemma4Adapter, "token_types", lambda self, module, ids: mx.zeros_like(ids))
+    causal, _ = vlm.prefill(toks, all_logits=True)
+    assert float(mx.abs(causal - ref).max()) > WRONG_KV_MIN  # measured 5.8
+    start = toks.images[0].token_start  # the text before the image is the same either way
+    assert float(mx.abs(causal[:start] - ref[:start]).max()) <= LOGIT_TOL
+
+
 def test_prompt_in_two_pieces_equals_one_pass(vlm):
-    """Cut before, inside and after the image (and one token before the end): the second piece
-    runs on the first piece's cache, so features and positions must start at the cache offset.
-    Mutant caught: image features taken from the chunk start instead of the placeholder start."""
+    """Cut before, at, inside and after the image (and one token before the end): the second
+    piece runs on the first piece's cache, so features and positions must start at the cache
+    offset. The first piece runs as one chunk (``advance``). gemma4's image tokens see each other,
+    so a piece may neither end nor start inside an image: both are refused, naming the image.
+    Mutants caught: image features taken from the chunk start instead of the placeholder start;
+    gemma4 without ImageBlockMask (mlx-vlm drops its image overlay on top of a cached prefix:
+    cuts at or before the image 9.3 off); the refusals removed (a first piece ending inside the
+    image, then the rest: 3.8 off)."""
     toks = kv.tokenise(vlm, _msgs(_image(9)))
     (ref,) = toks.images
+    s, e = ref.token_start, ref.token_end
     cold, _ = vlm.prefill(toks, all_logits=True)
-    for cut in (ref.token_start - 1, ref.token_start + 2, ref.token_end + 1, len(toks.ids) - 1):
+    inside = s + 2
+    for cut in (s - 1, s, inside, e, e + 1, len(toks.ids) - 1):
         net = vlm.for_request(toks)
-        _, cache = prefill(net, toks.ids[:cut])
+        if vlm.arch == "gemma4" and cut == inside:
+            with pytest.raises(kv.ImageError) as err:
+                advance(net, toks.ids[:cut], vlm.make_cache())
+            assert str(err.value) == (f"a chunk 0:{cut} ends inside image 0 (tokens {s}:{e}): gemma4 attends "
+                                      f"bidirectionally within an image, so its tokens run in one chunk; end "
+                                      f"the chunk at or before {s}, or at or after {e}")
+            # a cache that holds part of the image (here made by the text-only net) is refused too
+            _, part = prefill(vlm, kv.tokenise(vlm, _text("Name a colour, then a fruit, then a tree.")).ids[:cut])
+            with pytest.raises(kv.ImageError) as err:
+                net(mx.array(toks.ids[cut:])[None], cache=part)
+            assert str(err.value) == (f"cannot prefill from {cut}: position {cut} is inside image 0 (tokens "
+                                      f"{s}:{e}): gemma4 attends bidirectionally within an image; restore at "
+                                      f"or before token_start {s}")
+            continue
+        cache = advance(net, toks.ids[:cut], vlm.make_cache())
         warm, _ = prefill(net, toks.ids[cut:], cache, all_logits=True)
         assert float(mx.abs(warm - cold[cut:]).max()) <= LOGIT_TOL, cut
 
@@ -264,3 +315,71 @@ def test_ids_only_keys_replay_the_wrong_image(vlm, store):
     r = engine.run(b, max_tokens=1)
     assert r.reused_tokens == len(b.ids) - 1  # a snapshot at the prompt end minus one (or its checkpoint)
     assert r.verify_diff > WRONG_KV_MIN
+
+
+# -- never restored inside an image whose tokens see each other ----------------------------------
+
+def _short(image, question):
+    return [{"role": "system", "content": "Hi."},
+            {"role": "user", "content": [{"type": "image", "image": image}, {"type": "text", "text": question}]}]
+
+
+@pytest.mark.parametrize("arch", ["gemma4", "qwen2_vl"])
+def test_reuse_core_cuts_a_match_inside_a_bidirectional_image_back_to_its_start(arch):
+    """A store answer that ends inside an image (the core's ``limit``, as the served path passes
+    it, at image start + 3): gemma4 restores exactly up to token_start, recording why (a
+    ``refused`` row for the 3 tokens, naming the image); causal qwen2_vl restores all of it. Both
+    then match cold. A 25-token prompt, so gemma4's window of 32 has not wrapped and can be cut.
+    Mutant caught: the core without the model's restorable_limit (gemma4 restores 14 tokens with
+    no reason recorded, and RequestModel then refuses the rest: "cannot prefill from 14: position
+    14 is inside image 0 ..."; without that refusal too, nothing would stop a cache cut inside an
+    image that a chunk ending there produced: 3.8 off, see the two-piece test)."""
+    from kvlab.keys import cache_key
+    from kvlab.reuse import PrefixCache
+
+    vlm = kv.load(f"tiny-vlm:{arch}")
+    toks = kv.tokenise(vlm, _short(_image(3), "What?"))
+    (im,) = toks.images
+    assert (len(toks.ids), im.token_start, im.token_end) == (25, 11, 17)
+    rows = []
+    core = PrefixCache(kv.RadixStore(), vlm, emit=lambda *row, **extra: rows.append(row))
+    cold, cache = vlm.prefill(toks, all_logits=True)
+    key = cache_key(toks)
+    core.offer(1, key, toks, kv.snapshot(cache, tokens=toks.ids, model=vlm))
+    core.drain(1, key)
+    found = core.lookup(2, key, toks, limit=14)
+    why = ("position 14 is inside image 0 (tokens 11:17): gemma4 attends bidirectionally within an image; "
+           "restore at or before token_start 11")
+    if arch == "gemma4":
+        assert (found.reused, found.refused, found.why) == (11, 3, why)
+        assert [r[1:] for r in rows if r[0] == 2 and r[1] in ("refused", "hit")] == [
+            ("refused", 3, 0, 2, why), ("hit", 11, 0, 2, "exact")]
+        assert {k: v for k, v in found.missed.reasons.items() if v} == {"partial_block": 1, "not_trimmable": 13}
+    else:
+        assert (found.reused, found.refused, found.why) == (14, 0, "")
+    warm, _ = vlm.prefill(toks, found.cache, all_logits=True)
+    assert float(mx.abs(warm - cold[found.reused:]).max()) <= LOGIT_TOL
+
+
+def test_engine_checkpoints_skip_the_inside_of_a_bidirectional_image():
+    """gemma4 with a checkpoint every 4 tokens: the stops 12 and 16 fall inside the image (11:17)
+    and are skipped (the prefill runs 8:20 in one chunk), every other stop is taken. The next
+    request (same ids, another image) reuses exactly up to the image's token_start 11 (the stop
+    at 20, cut back: its window of 32 has not wrapped), so the whole other image runs on top of
+    a restored cache, and matches cold.
+    Mutants caught: the engine's stops not filtered (ImageError: "a chunk 8:12 ends inside image
+    0"); ImageBlockMask dropped (mlx-vlm's overlay is lost on top of a cached prefix: verify_diff
+    0.56)."""
+    vlm = kv.load("tiny-vlm:gemma4")
+    engine = kv.Engine(vlm, kv.RadixStore(), checkpoints="every:4", verify=True)
+    long = "What? Describe the colours, the shapes and the light of it in a few plain words."
+    a, b = kv.tokenise(vlm, _short(_image(3), long)), kv.tokenise(vlm, _short(_image(4), long))
+    assert (a.images[0].token_start, a.images[0].token_end) == (11, 17)
+    engine.run(a, max_tokens=1)
+    ev = engine.events
+    stops = ev.filter((ev["event"] == "offer") & (ev["detail"] == "checkpoint"))["tokens"].to_list()
+    assert len(a.ids) > 32 and stops == list(range(4, len(a.ids), 4))[:2] + list(range(20, len(a.ids), 4))
+    r = engine.run(b, max_tokens=1)
+    assert a.ids == b.ids and a.images[0].hash != b.images[0].hash
+    assert r.reused_tokens == 11
+    assert r.verify_diff <= LOGIT_TOL

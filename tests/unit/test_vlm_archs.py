@@ -12,8 +12,9 @@ from mlx_lm.models import cache as lm_cache  # noqa: E402
 from mlx_vlm.models import cache as vlm_cache  # noqa: E402
 
 from kvlab.errors import ModelNotFoundError  # noqa: E402
-from kvlab.vlm.archs import SUPPORTED_ARCHS, adapter_for, mlx_lm_cache_like  # noqa: E402
-from kvlab.vlm.net import cache_offset  # noqa: E402
+from kvlab.primitives.tokens import ImageRef  # noqa: E402
+from kvlab.vlm.archs import SUPPORTED_ARCHS, ImageBlockMask, adapter_for, mlx_lm_cache_like  # noqa: E402
+from kvlab.vlm.net import cache_offset, inside_image  # noqa: E402
 from kvlab.vlm.tiny_archs import preprocessor, tiny_arch_config, weight  # noqa: E402
 
 
@@ -66,3 +67,39 @@ def test_cache_offset_reads_the_first_attention_layer():
     kv_layer.update_and_fetch(mx.zeros((1, 1, 5, 4)), mx.zeros((1, 1, 5, 4)))
     assert cache_offset([lm_cache.ArraysCache(2), kv_layer]) == 5
     assert cache_offset(None) == cache_offset([]) == cache_offset([lm_cache.ArraysCache(2)]) == 0
+
+
+def test_only_gemma4_keeps_bidirectional_image_attention():
+    # mutant caught: the key left out of the tiny config (mlx-vlm's TextConfig default is None)
+    assert tiny_arch_config("gemma4")["text_config"]["use_bidirectional_attention"] == "vision"
+    assert "use_bidirectional_attention" not in tiny_arch_config("qwen3_5")["text_config"]
+    assert [adapter_for(a).bidirectional(None) for a in ("qwen2_vl", "qwen3_5")] == [False, False]
+
+
+def test_image_block_mask_opens_the_chunks_images_on_top_of_a_cached_prefix():
+    """A chunk of 5 at offset 3: text, image A (2 tokens), text, image B (1 token). The mask is
+    the causal one over 3 cached + 5 keys, plus each image's tokens seeing each other; a mask that
+    does not cover the chunk (a one-token decode) stays the cache's own. Mutant caught: the
+    overlay on the first L key columns instead of the last (the chunk's own keys)."""
+    c = lm_cache.KVCache()
+    c.update_and_fetch(mx.zeros((1, 1, 3, 4)), mx.zeros((1, 1, 3, 4)))
+    wrapped = ImageBlockMask(c, mx.array([[0, 1, 1, 0, 1]]))
+    mask = np.asarray(wrapped.make_mask(5, window_size=None, return_array=False))
+    want = np.tril(np.ones((5, 8), bool), k=3)
+    want[1, 3 + 2] = True  # image A's first token sees its second
+    assert mask.shape == (5, 8) and np.array_equal(mask, want)
+    assert wrapped.offset == 3 and wrapped.make_mask(1) is None
+    r = lm_cache.RotatingKVCache(max_size=4)
+    r.update_and_fetch(mx.zeros((1, 1, 6, 4)), mx.zeros((1, 1, 6, 4)))
+    got = np.asarray(ImageBlockMask(r, mx.array([[1, 1]])).make_mask(2, window_size=4))
+    # 3 kept keys + the chunk's 2 (window 4): the image's first token sees the second, the window
+    # still hides the oldest key from the second
+    assert got.tolist() == [[True] * 5, [False, True, True, True, True]]
+
+
+def test_inside_image_names_the_image_and_where_to_restore():
+    images = [ImageRef("a" * 64, 4, 10, 1), ImageRef("b" * 64, 20, 26, 1)]
+    assert [inside_image(images, p, "gemma4") == "" for p in (4, 10, 19, 20, 26)] == [True] * 5
+    assert inside_image(images, 21, "gemma4") == ("position 21 is inside image 1 (tokens 20:26): gemma4 "
+                                                  "attends bidirectionally within an image; restore at or "
+                                                  "before token_start 20")
