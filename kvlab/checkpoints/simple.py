@@ -163,15 +163,17 @@ class LogSpaced(CheckpointPolicy):
 
 def segment_ends(toks: Tokens, tokenizer) -> list[int]:
     """mlx-lm's server (``ResponseGenerator._tokenize``): a chat prompt ending in a user message is
-    cut after its leading system messages and before a thinking tail; other prompts are not cut."""
+    cut after its leading system messages and before a thinking tail; other prompts are not cut.
+    A VLM request (kvlab serve's own loop: mlx-lm's server takes no images) is cut the same way
+    unless an image sits in the system messages, which the text rendering cannot place."""
     messages = toks.messages
-    if not messages or messages[-1].get("role") != "user" or toks.images:
+    if not messages or messages[-1].get("role") != "user":
         return []
     if tokenizer is None:
         raise KvlabError("the segment_ends policy renders the system messages again: pass the tokenizer")
     ends = []
     n_system = next((i for i, m in enumerate(messages) if m.get("role") != "system"), len(messages))
-    if n_system:
+    if n_system and not any(im.message_index < n_system for im in toks.images):
         rendered = tokenise_text(tokenizer, list(messages[:n_system]) + [{"role": "user", "content": ""}],
                                  add_generation_prompt=False, **dict(toks.template_kwargs)).ids
         sys_end = common_prefix_len(rendered, toks.ids)

@@ -262,14 +262,34 @@ def _checked(model, ids) -> list[int]:
     return list(model.check_ids(ids)) if isinstance(model, Runnable) else [int(i) for i in ids]
 
 
+def chunks(net, n: int, cache):
+    """The prefill chunks ``(start, end)`` of ``n`` ids, yielded one at a time as the cache fills:
+    PREFILL_STEP tokens each (as mlx-lm's prefill), lengthened where the net says a chunk may not
+    end (a VLM whose image tokens attend to each other runs each image in one chunk:
+    ``RequestModel.chunk_length``).
+
+    Example:
+        >>> list(chunks(m.net, 5000, m.make_cache()))
+        [(0, 2048), (2048, 4096), (4096, 5000)]
+    """
+    chunk_length = getattr(net, "chunk_length", None)  # only an image-bound VLM net has one
+    start = 0
+    while start < n:
+        length = min(n - start, PREFILL_STEP)
+        if chunk_length is not None:
+            length = min(n - start, chunk_length(cache, length))
+        yield start, start + length
+        start += length
+
+
 def advance(model, ids, cache, **kv_quant) -> list:
     """Run ``ids`` into ``cache`` without computing logits (as mlx-lm's generate_step prefill
     does: with a 150k vocabulary the output projection of every position dominates small models).
     ``kv_bits=, kv_group_size=, quantized_kv_start=`` quantize the cache as ``prefill`` does."""
     net = net_of(model)
     ids = _checked(model, ids)
-    for start in range(0, len(ids), PREFILL_STEP):
-        net(mx.array(ids[start : start + PREFILL_STEP])[None], cache=cache)
+    for start, end in chunks(net, len(ids), cache):
+        net(mx.array(ids[start:end])[None], cache=cache)
         mx.eval([c.state for c in maybe_quantize(cache, **kv_quant)])
     return cache
 
@@ -297,7 +317,7 @@ def prefill(model, ids, cache=None, *, all_logits: bool = False, kv_bits=None, k
         mx.eval(logits, [c.state for c in maybe_quantize(cache, **quant)])
         return logits, cache
     pieces = []
-    for start in range(0, len(ids), PREFILL_STEP):
-        pieces.append(net(mx.array(ids[start : start + PREFILL_STEP])[None], cache=cache)[0].astype(mx.float32))
+    for start, end in chunks(net, len(ids), cache):
+        pieces.append(net(mx.array(ids[start:end])[None], cache=cache)[0].astype(mx.float32))
         mx.eval(pieces[-1], [c.state for c in maybe_quantize(cache, **quant)])
     return mx.concatenate(pieces, axis=0), cache

@@ -37,6 +37,7 @@ from ..errors import KvlabError, RequestError
 from ..keys import CacheKey, cache_key
 from ..primitives.display import summary_html
 from ..primitives.snapshots import advance
+from ..reuse import restorable_limit
 
 
 class VLMRequests:
@@ -106,10 +107,15 @@ class VLMRequests:
                                             lg.presence_penalty, lg.presence_context_size,
                                             lg.frequency_penalty, lg.frequency_context_size)
         seq, matcher = list(prompt), stop_sequences.matcher()
+        if len(prompt) - pos > 1:
+            # kvlab's prefill runs an image in one chunk where its tokens see each other (gemma4);
+            # mlx-lm's would cut at prefill_step_size, possibly inside one
+            advance(net, toks.ids[pos:-1], cache)
+            pos = len(prompt) - 1
         for gen in stream_generate(model=net, tokenizer=tok, prompt=prompt[pos:], max_tokens=args.max_tokens,
                                    stream=stream, sampler=sampler, logits_processors=processors,
                                    prompt_cache=cache, prefill_step_size=self.prefill_step_size,
-                                   prompt_progress_callback=lambda done, total: rqueue.put((done, total))):
+                                   prompt_progress_callback=lambda done, total: rqueue.put((pos + done, pos + total))):
             finish = "stop" if matcher.advance(gen.token) else gen.finish_reason
             rqueue.put(Response(gen.text, gen.token, gen.logprobs[gen.token].item(), finish,
                                 top_logprobs(gen.logprobs, args.top_logprobs, tok)))
@@ -135,7 +141,8 @@ class VLMRequests:
         except KvlabError as e:
             self.adapter.note(rid, f"no checkpoints: {e}")
             return pos
-        for b in (b for b in stops if b > reused):
+        # never a stop inside an image whose tokens attend to each other (the Engine's rule)
+        for b in (b for b in stops if b > reused and restorable_limit(self.model, toks, b)[0] == b):
             advance(net, toks.ids[pos:b], cache)
             self.adapter.offer(rid, toks, key.prefix(b), cache, toks.ids[:b], cache_type="user")
             pos = b

@@ -140,6 +140,18 @@ class RequestModel:
         positions = self.positions(start, start + length) if adapter.mrope else None
         return adapter.run(module, inputs, embeds, cache, positions)
 
+    def chunk_length(self, cache, length: int) -> int:
+        """How long the next prefill chunk on ``cache`` is when ``length`` tokens are proposed:
+        longer when it would end inside an image whose tokens attend to each other (they run in
+        one chunk), else ``length``. kvlab's prefill asks before every chunk
+        (``kvlab.primitives.snapshots.chunks``)."""
+        start = cache_offset(cache)
+        if self.bidirectional:
+            for im in self.images:
+                if im.token_start < start + length < im.token_end:
+                    return im.token_end - start
+        return length
+
     def _whole_images(self, start: int, end: int) -> None:
         """ImageError unless the chunk start..end holds every image it touches whole: a chunk
         that starts inside an image runs on a cache whose image tokens may not have seen the

@@ -383,3 +383,26 @@ def test_engine_checkpoints_skip_the_inside_of_a_bidirectional_image():
     assert a.ids == b.ids and a.images[0].hash != b.images[0].hash
     assert r.reused_tokens == 11
     assert r.verify_diff <= LOGIT_TOL
+
+
+def test_a_bidirectional_image_across_a_prefill_chunk_runs_in_one_chunk(monkeypatch):
+    # a prompt whose image straddles a PREFILL_STEP boundary: kvlab's prefill lengthens that chunk
+    # to the image's end (RequestModel.chunk_length), so gemma4 runs and equals one pass; qwen2_vl
+    # (causal over images) keeps the plain chunks. Mutant: chunks() ignoring chunk_length -> gemma4
+    # raises "a chunk 0:24 ends inside image 0".
+    from kvlab.primitives import snapshots
+
+    for arch in ("gemma4", "qwen2_vl"):
+        m = kv.load(f"tiny-vlm:{arch}")
+        toks = kv.tokenise(m, _msgs(_image(3)))
+        im = toks.images[0]
+        one_pass, _ = prefill(m.for_request(toks), toks.ids)
+        step = im.token_start + 2  # the first chunk would end two tokens into the image
+        monkeypatch.setattr(snapshots, "PREFILL_STEP", step)
+        net = m.for_request(toks)
+        spans = list(snapshots.chunks(net, len(toks.ids) - 1, m.make_cache()))
+        first = (0, im.token_end) if arch == "gemma4" else (0, step)
+        assert spans[0] == first, (arch, spans)
+        chunked, _ = prefill(net, toks.ids)
+        assert float(mx.abs(chunked - one_pass).max()) <= LOGIT_TOL, arch
+        monkeypatch.undo()
