@@ -4,12 +4,13 @@ area they are drawn in (tabs hidden when drawn included) and a height that follo
 plotly 7's FigureWidget (an anywidget) measures its container once, when it is first drawn (700 px
 inside a hidden tab, which measures 0), and never again: its view has no resize handling. Three
 things make it fill: ``autosize`` with no layout width (``layout_size``), plotly.js's ``responsive``
-config (it re-measures on a window resize) in a full-width column (``figure_widget``), and
+config (it re-measures on a window resize) in a full-width column (``figure_widget``,
+``full_width``), and
 ``FitPlots``, a hidden anywidget that watches each figure's width and fires that re-measure when a
 tab opens or the notebook's column changes width without the window changing (a sidebar, a split).
 
 Example:
-    >>> fw, column = figure_widget()              # show ``column``; draw into ``fw``
+    >>> fw = figure_widget(kv.viz.prefix_tree(engine.store)); column = full_width(fw)
     >>> layout_size(kv.viz.prefix_tree(engine.store), None)["autosize"]
     True
 """
@@ -94,13 +95,25 @@ def layout_size(fig: go.Figure, width: int | None) -> dict:
     return size
 
 
-def figure_widget() -> tuple[go.FigureWidget, widgets.VBox]:
-    """A FigureWidget with plotly.js's responsive config, and the full-width column to show it
-    in (the figure has no ipywidgets Layout of its own: plotly's layout takes that name)."""
-    fw = go.FigureWidget()
+def figure_widget(fig: go.Figure | None = None, width: int | None = None) -> go.FigureWidget:
+    """A FigureWidget whose first state is ``fig`` sized by ``layout_size``, with plotly.js's
+    responsive config. The first state travels with the widget itself; edits made before the
+    browser has loaded plotly's widget code can be lost (anywidget drops them), so a figure that
+    starts empty and is filled right away may show nothing."""
+    fig = go.Figure() if fig is None else fig
+    layout = fig.layout.to_plotly_json()
+    layout.pop("width", None)
+    layout.update(layout_size(fig, width))
+    fw = go.FigureWidget(data=fig.data, layout=layout)
     fw._config = dict(CONFIG)  # the widget's plotly.js config: a synced trait with no public setter
     fw.add_class("kvlab-plot")
-    return fw, widgets.VBox([fw], layout=widgets.Layout(width=FILL))
+    return fw
+
+
+def full_width(*children) -> widgets.VBox:
+    """A box as wide as its column, for a FigureWidget (it has no ipywidgets Layout of its own:
+    plotly's layout takes that name)."""
+    return widgets.VBox(list(children), layout=widgets.Layout(width=FILL))
 
 
 # Runs in the browser. A figure whose width changed (a hidden tab opened: 0 -> the column's width;
@@ -108,22 +121,29 @@ def figure_widget() -> tuple[go.FigureWidget, widgets.VBox]:
 # which listens to window resize events. Deferred a frame so no layout happens inside the observer.
 FIT_ESM = """
 function render({ model, el }) {
-  const seen = new WeakMap();
-  let root = null, queued = false, stopped = false;
+  const seen = new WeakMap();  // figure -> its last width (-1: not measured yet)
+  let root = null, queued = false, scanning = false, stopped = false;
   const refit = () => { queued = false; if (!stopped) window.dispatchEvent(new Event("resize")); };
   const ro = new ResizeObserver((entries) => {
     let changed = false;
     for (const e of entries) {
-      const w = Math.round(e.contentRect.width);
-      if (w > 0 && seen.get(e.target) !== w) changed = true;
+      const w = Math.round(e.contentRect.width), before = seen.get(e.target);
+      // the first measure is the width plotly drew at: only a change after it needs a refit
+      if (w > 0 && before !== -1 && before !== w) changed = true;
       seen.set(e.target, w);
     }
     if (changed && !queued) { queued = true; requestAnimationFrame(refit); }
   });
-  const scan = () => root.querySelectorAll(".js-plotly-plot").forEach((p) => {
-    if (!seen.has(p)) { seen.set(p, -1); ro.observe(p); }
+  const scan = () => {
+    scanning = false;
+    if (stopped || !root) return;
+    root.querySelectorAll(".js-plotly-plot").forEach((p) => {
+      if (!seen.has(p)) { seen.set(p, -1); ro.observe(p); }
+    });
+  };
+  const mo = new MutationObserver(() => {
+    if (!scanning) { scanning = true; requestAnimationFrame(scan); }
   });
-  const mo = new MutationObserver(() => root && scan());
   const attach = () => {
     if (stopped) return;
     root = el.closest("." + model.get("scope"));

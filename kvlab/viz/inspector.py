@@ -29,7 +29,7 @@ from .blocks import block_grid
 from .budget import BudgetReplay
 from .curves import hit_rate_curves
 from .extras import require
-from .fit import FILL, FitPlots, check_width, figure_widget
+from .fit import FILL, FitPlots, check_width, figure_widget, full_width
 from .memory import memory_over_time
 from .panels import (components_of, components_text, misses_figure, reference_request, run_cause, sync,
                      table_html, table_rows)
@@ -41,6 +41,7 @@ require("anywidget", "plotly's FigureWidget")
 
 AGAINST = ("closest earlier request", "previous request", "entry it reused")
 TABS = ("tree", "memory", "requests", "divergence", "blocks", "budget", "misses")
+FIGURES = ("tree", "memory", "divergence", "blocks", "budget", "misses")
 BUDGET_TAB = TABS.index("budget")
 MiB = 2**20
 
@@ -82,9 +83,9 @@ class Inspector:
 
         W = widgets
         self.width = check_width(width)
-        made = {name: figure_widget() for name in ("tree", "memory", "divergence", "blocks", "budget", "misses")}
-        self.figs = {name: fw for name, (fw, _) in made.items()}
-        col = {name: column for name, (_, column) in made.items()}
+        # each FigureWidget is made with its first figure (see _show); the boxes hold their place
+        self.figs: dict[str, go.FigureWidget] = {}
+        self._cols = col = {name: full_width() for name in FIGURES}
         self.table = W.HTML(table_html([]), layout=W.Layout(width=FILL))
         self._rows: list[list] = []
         self.header = W.HTML()
@@ -129,6 +130,9 @@ class Inspector:
         self.tabs.observe(lambda _: self._guard(self._draw_curve), names="selected_index")
         engine.on_result(self._on_result)
         self.refresh()
+        for name in FIGURES:  # the budget curve is drawn when its tab opens
+            if name not in self.figs:
+                self._show(name, go.Figure(layout=dict(title="opens with its tab", height=200)))
 
     # -- updating ---------------------------------------------------------------------------------
     def _on_result(self, engine, result) -> None:
@@ -172,7 +176,11 @@ class Inspector:
         self._draw_budget()
 
     def _show(self, name: str, fig: go.Figure) -> None:
-        sync(self.figs[name], fig, self.width)
+        if name in self.figs:
+            sync(self.figs[name], fig, self.width)
+        else:
+            self.figs[name] = figure_widget(fig, self.width)
+            self._cols[name].children = (self.figs[name],)
 
     def _draw_tree(self) -> None:
         if self.store is None or not {"tree", "blocks"} & set(self._caps.views):

@@ -17,7 +17,7 @@ import plotly.graph_objects as go  # noqa: E402
 
 from kvlab.errors import VizError  # noqa: E402
 from kvlab.viz.fit import (LEVEL_PX, MAX_HEIGHT, MIN_HEIGHT, ROW_PX, FitPlots, check_width,  # noqa: E402
-                           figure_widget, fit_height, layout_size)
+                           figure_widget, fit_height, full_width, layout_size)
 from kvlab.viz.panels import sync, table_html  # noqa: E402
 
 
@@ -33,7 +33,7 @@ def grid(rows: int) -> go.Figure:
 
 
 def test_sync_leaves_width_to_the_browser_and_honours_a_pinned_width():
-    fw, _ = figure_widget()
+    fw = figure_widget()
     bars = go.Figure(go.Bar(y=[1, 2, 3]), layout=dict(height=300, width=900))
     sync(fw, bars)
     assert fw.layout.width is None and fw.layout.autosize is True and fw.layout.height == 300
@@ -45,9 +45,16 @@ def test_sync_leaves_width_to_the_browser_and_honours_a_pinned_width():
     assert fw.layout.width is None and "width" not in fw.to_plotly_json()["layout"]
 
 
-def test_figure_widget_fills_a_full_width_responsive_column():
-    fw, column = figure_widget()
+def test_figure_widget_starts_sized_in_a_full_width_responsive_column():
+    fw = figure_widget(icicle(6))
+    column = full_width(fw)
     assert column.layout.width == "100%" and list(column.children) == [fw]
+    # its first state (sent whole when the widget opens) is already sized: no width, autosize
+    first = fw.get_state()["_widget_layout"]
+    assert "width" not in first and first["autosize"] is True and first["height"] == 540
+    assert [t["type"] for t in fw.get_state()["_widget_data"]] == ["icicle"]
+    pinned = figure_widget(icicle(6), 700).get_state()["_widget_layout"]
+    assert pinned["width"] == 700
     # plotly.js re-measures a responsive figure on a window resize (FitPlots fires one)
     assert fw.get_state()["_config"]["responsive"] is True
     assert "kvlab-plot" in fw._dom_classes
@@ -65,7 +72,7 @@ def test_heights_follow_the_data_within_bounds():
     assert fit_height(go.Figure()) is None
     assert layout_size(grid(20), None) == {"autosize": True, "height": 520}
     assert layout_size(icicle(3), 1200) == {"autosize": True, "height": 300, "width": 1200}
-    fw, _ = figure_widget()
+    fw = figure_widget()
     sync(fw, icicle(6))
     assert fw.layout.height == 540
 
