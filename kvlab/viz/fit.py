@@ -79,19 +79,18 @@ def check_width(width) -> int | None:
 
 
 def layout_size(fig: go.Figure, width: int | None) -> dict:
-    """The layout keys that size ``fig`` in a widget: autosize on, the data's height, and a width
-    only when one is pinned (``width`` pixels); with no width plotly.js measures the container.
+    """The layout keys that size ``fig`` in a widget: the data's height, and autosize (plotly.js
+    measures the container) or, when ``width`` pins one, that many pixels.
 
     Example:
         >>> layout_size(go.Figure(), 640)
-        {'autosize': True, 'width': 640}
+        {'width': 640}
     """
-    size = {"autosize": True}
+    # a pinned width goes without autosize: plotly.js would drop the width on a relayout with it
+    size = {"autosize": True} if check_width(width) is None else {"width": width}
     height = fit_height(fig)
     if height is not None:
         size["height"] = height
-    if check_width(width) is not None:
-        size["width"] = width
     return size
 
 

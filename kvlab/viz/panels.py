@@ -35,6 +35,10 @@ def sync(fw: go.FigureWidget, fig: go.Figure, width: int | None = None) -> None:
     new.pop("width", None)
     new.update(layout_size(fig, width))
     old = fw.layout.to_plotly_json()
+    if new.get("autosize") and new.get("height") != old.get("height"):
+        # plotly.js turns autosize off (and pins the width it has) when a relayout sets a height
+        # without autosize, and plotly sends only changed keys: flip it so the relayout carries it
+        fw.layout.autosize = False
     with fw.batch_update():
         same = len(fw.data) == len(fig.data) and all(a.type == b.type for a, b in zip(fw.data, fig.data))
         if same:

@@ -71,7 +71,7 @@ def test_heights_follow_the_data_within_bounds():
     assert fit_height(go.Figure(go.Bar(y=[1]), layout=dict(height=360))) == 360
     assert fit_height(go.Figure()) is None
     assert layout_size(grid(20), None) == {"autosize": True, "height": 520}
-    assert layout_size(icicle(3), 1200) == {"autosize": True, "height": 300, "width": 1200}
+    assert layout_size(icicle(3), 1200) == {"width": 1200, "height": 300}
     fw = figure_widget()
     sync(fw, icicle(6))
     assert fw.layout.height == 540
