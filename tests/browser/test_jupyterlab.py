@@ -5,8 +5,11 @@ and labextensions stay visible), writes a notebook that runs the tiny model thro
 with an Inspector, runs all cells, and checks what the app shows for that known conversation: the
 icicle's node count and token sum, the header's hit rates, the requests table's rows and match
 kinds; then picks request 2 in the Inspector's dropdown and moves the budget slider, and checks
-that the plotly figure and the replay label changed. As a user does, the Inspector is shown first
-and the requests run once it has rendered. Any page error or console error fails the
+that the plotly figure and the replay label changed; then that each tab's figure is drawn across
+its output area (plotly's .main-svg against .jp-OutputArea-output), for the tree shown when drawn
+and for tabs drawn hidden and opened later, at 1400 px and after resizing the viewport to 1200 px
+and back (the old fixed 900 px lies between the two output widths). As a user does, the Inspector
+is shown first and the requests run once it has rendered. Any page error or console error fails the
 test. Screenshot: test-artifacts/inspector.png (git-ignored).
 
 Chromium: $KVLAB_CHROMIUM, else Debian's /usr/bin/chromium (Linux: apt-get install chromium), else
@@ -374,7 +377,10 @@ def test_inspector_renders_and_reacts_in_jupyterlab(lab, qwen_tokenizer):
                 " return s && s.textContent === '0.0%'; }", timeout=90_000)
 
             # every figure fills the output area, at two widths either side of the old fixed
-            # 900 px: the tree (shown when drawn) and tabs first opened after being drawn hidden
+            # 900 px: the tree (shown when drawn) and tabs first opened after being drawn hidden.
+            # Mutants caught: width=900 as the default again (tree: 900 of 968 px); FitPlots left
+            # out (misses, drawn hidden: 700 px); sync not sending autosize with a new height
+            # (blocks after the resize: 700 of 768 px)
             wide = check_tab_fills(page, app, "tree")
             assert wide["plot"] > 900, wide
             check_tab_fills(page, app, "misses")
