@@ -20,19 +20,19 @@ import math
 import warnings
 
 import plotly.graph_objects as go
-import polars as pl
 
 from ..errors import VizError
 from ..primitives.display import Html, summary_html
-from ..primitives.tokens import common_prefix_len
 from ..primitives.units import fmt_bytes
 from ..stores.base import Capabilities
 from .blocks import block_grid
 from .budget import BudgetReplay
 from .curves import hit_rate_curves
 from .extras import require
+from .fit import FILL, FitPlots, check_width, figure_widget, full_width
 from .memory import memory_over_time
-from .panels import components_of, components_text, misses_figure, run_cause, sync, table_html, table_rows
+from .panels import (components_of, components_text, misses_figure, reference_request, run_cause, sync,
+                     table_html, table_rows)
 from .prompt_diff import divergence
 from .tree import prefix_tree
 
@@ -41,6 +41,7 @@ require("anywidget", "plotly's FigureWidget")
 
 AGAINST = ("closest earlier request", "previous request", "entry it reused")
 TABS = ("tree", "memory", "requests", "divergence", "blocks", "budget", "misses")
+FIGURES = ("tree", "memory", "divergence", "blocks", "budget", "misses")
 BUDGET_TAB = TABS.index("budget")
 MiB = 2**20
 
@@ -54,8 +55,9 @@ class Inspector:
 
     ``block_size``: replay through a PagedStore with blocks of this size (default: the store's
     ``block_size`` if it has one, else through a RadixStore: whole entries). ``budget_mb``: the slider's
-    start in MiB (default: the store's budget). ``width``: figure width in pixels (None: plotly's
-    default; figures drawn in hidden tabs cannot measure their container).
+    start in MiB (default: the store's budget). ``width``: None (default) makes every tab's figure
+    fill the output area's width, also after a resize and in tabs opened later; an int pins it to
+    that many pixels. Heights follow the data (``kvlab.viz.fit.fit_height``).
 
     Example:
         >>> ins = kv.Inspector(engine)
@@ -63,7 +65,7 @@ class Inspector:
     """
 
     def __init__(self, engine, *, block_size: int | None = None, budget_mb: float | None = None,
-                 tokenizer=None, width: int | None = 900):
+                 tokenizer=None, width: int | None = None):
         if not hasattr(engine, "on_result") or not hasattr(engine, "results"):
             raise VizError(f"Inspector needs a kv.Engine, got {type(engine).__name__}")
         self.engine = engine
@@ -80,10 +82,11 @@ class Inspector:
             raise VizError(f"budget_mb must be a positive number of MiB (2**20 bytes), got {budget_mb!r}")
 
         W = widgets
-        self.width = width
-        self.figs = {name: go.FigureWidget() for name in ("tree", "memory", "divergence", "blocks",
-                                                           "budget", "misses")}
-        self.table = W.HTML(table_html([]))
+        self.width = check_width(width)
+        # each FigureWidget is made with its first figure (see _show); the boxes hold their place
+        self.figs: dict[str, go.FigureWidget] = {}
+        self._cols = col = {name: full_width() for name in FIGURES}
+        self.table = W.HTML(table_html([]), layout=W.Layout(width=FILL))
         self._rows: list[list] = []
         self.header = W.HTML()
         self.error = W.HTML()
@@ -104,18 +107,18 @@ class Inspector:
                                   layout=W.Layout(width="300px"))
         self.reuse = W.HTML()
         self.tabs = W.Tab(children=[
-            W.VBox([self.color, self.figs["tree"]]),
-            self.figs["memory"],
+            W.VBox([self.color, col["tree"]]),
+            col["memory"],
             self.table,
-            W.VBox([W.HBox([self.request, self.against]), self.reuse, self.figs["divergence"]]),
-            self.figs["blocks"],
-            self.figs["budget"],
-            self.figs["misses"],
-        ])
+            W.VBox([W.HBox([self.request, self.against]), self.reuse, col["divergence"]]),
+            col["blocks"],
+            col["budget"],
+            col["misses"],
+        ], layout=W.Layout(width=FILL))
         for i, title in enumerate(TABS):
             self.tabs.set_title(i, title)
         self.widget = W.VBox([self.header, W.HBox([self.budget, self.budget_text, self.mode]), self.sim_label,
-                              self.error, self.tabs])
+                              self.error, self.tabs, FitPlots("kvlab-inspector")], layout=W.Layout(width=FILL))
         self.widget.add_class("kvlab-inspector")
 
         self._quiet = False
@@ -127,6 +130,9 @@ class Inspector:
         self.tabs.observe(lambda _: self._guard(self._draw_curve), names="selected_index")
         engine.on_result(self._on_result)
         self.refresh()
+        for name in FIGURES:  # the budget curve is drawn when its tab opens
+            if name not in self.figs:
+                self._show(name, go.Figure(layout=dict(title="opens with its tab", height=200)))
 
     # -- updating ---------------------------------------------------------------------------------
     def _on_result(self, engine, result) -> None:
@@ -170,7 +176,11 @@ class Inspector:
         self._draw_budget()
 
     def _show(self, name: str, fig: go.Figure) -> None:
-        sync(self.figs[name], fig, self.width)
+        if name in self.figs:
+            sync(self.figs[name], fig, self.width)
+        else:
+            self.figs[name] = figure_widget(fig, self.width)
+            self._cols[name].children = (self.figs[name],)
 
     def _draw_tree(self) -> None:
         if self.store is None or not {"tree", "blocks"} & set(self._caps.views):
@@ -235,7 +245,7 @@ class Inspector:
             self._div = None
             return
         r = results[rid]
-        other, why = self._against(rid, self.against.value)
+        other, why = reference_request(self.engine, self._caps, rid, self.against.value)
         self._div = other.request_id if other is not None else None
         if other is None:
             self.reuse.value = r._repr_html_() + f"<div><i>{html.escape(why)}</i></div>"
@@ -250,32 +260,6 @@ class Inspector:
                                 f"{meta['common']} tokens shared, {where}; row a = #{other.request_id}, "
                                 f"row b = #{rid}</div>")
         self._show("divergence", fig)
-
-    def _against(self, rid: int, how: str):
-        earlier = [r for r in self.engine.results if r.request_id < rid]
-        if not earlier:
-            return None, f"request #{rid} is the first: nothing was cached before it"
-        if how == "previous request":
-            return earlier[-1], "the previous request"
-        if how == "entry it reused":
-            ev = self.engine.events
-            hit = ev.filter((pl.col("request") == rid) & (pl.col("event") == "hit"))
-            entry = hit["entry"][0] if hit.height else None
-            if entry is None:
-                return None, f"request #{rid} reused no entry"
-            if "blocks" in self._caps.views:
-                # a paged hit names its last block's id; its events are keyed by the block's hash
-                blocks = self.store.frame("blocks").filter(pl.col("block") == int(entry))
-                entry = blocks["hash"][0] if blocks.height else entry
-            ins = ev.filter((pl.col("event").is_in(["insert", "block_stored"])) & (pl.col("entry") == entry))
-            src = ins["request"][0] if ins.height else None
-            match = next((r for r in earlier if r.request_id == src), None)
-            if match is None:
-                return None, f"the entry that request #{rid} reused is not from a recorded request"
-            return match, f"request #{src} stored the entry it reused"
-        target = next(r for r in self.engine.results if r.request_id == rid).prompt_ids
-        best = max(reversed(earlier), key=lambda r: common_prefix_len(r.prompt_ids, target))
-        return best, "the earlier request sharing the longest prefix"
 
     # -- replay -----------------------------------------------------------------------------------
     def bytes_per_token(self) -> float | None:

@@ -12,8 +12,11 @@ from __future__ import annotations
 import html
 
 import plotly.graph_objects as go
+import polars as pl
 
 from ..diagnostics.dominant import dominant_miss, request_why
+from ..primitives.tokens import common_prefix_len
+from .fit import layout_size
 from .misses import miss_reasons
 
 COMPONENT_LABELS = {"full": "full KV", "window": "window KV", "recurrent": "recurrent state"}
@@ -24,12 +27,18 @@ TABLE_COLUMNS = ("#", "match", "reused / prompt", "reuse", "TTFT ms", "prefill m
 def sync(fw: go.FigureWidget, fig: go.Figure, width: int | None = None) -> None:
     """Make ``fw`` show ``fig``: restyle traces in place when the structure is unchanged, and
     relayout with only the layout's own keys (assigning ``fw.layout`` would resend the template
-    and leave the old annotations/shapes in the browser)."""
+    and leave the old annotations/shapes in the browser). Sized by ``kvlab.viz.fit.layout_size``:
+    autosize, a height from the data, and no width unless ``width`` pins one (pixels), so the
+    figure fills its column."""
     new = fig.layout.to_plotly_json()
     new.pop("template", None)
-    if width:
-        new["width"] = width
+    new.pop("width", None)
+    new.update(layout_size(fig, width))
     old = fw.layout.to_plotly_json()
+    if new.get("autosize") and new.get("height") != old.get("height"):
+        # plotly.js turns autosize off (and pins the width it has) when a relayout sets a height
+        # without autosize, and plotly sends only changed keys: flip it so the relayout carries it
+        fw.layout.autosize = False
     with fw.batch_update():
         same = len(fw.data) == len(fig.data) and all(a.type == b.type for a, b in zip(fw.data, fig.data))
         if same:
@@ -43,6 +52,37 @@ def sync(fw: go.FigureWidget, fig: go.Figure, width: int | None = None) -> None:
         for key in old.keys() - new.keys() - {"template"}:
             fw.layout[key] = None
         fw.layout.update(new, overwrite=True)
+
+
+def reference_request(engine, caps, rid: int, how: str):
+    """The earlier Result that request ``rid`` is compared against, and why that one: ``how`` is
+    "previous request", "entry it reused" (the request that stored the entry it hit, from the
+    engine's events) or anything else for the earlier request sharing the longest prefix. (None,
+    the reason) when there is none."""
+    earlier = [r for r in engine.results if r.request_id < rid]
+    if not earlier:
+        return None, f"request #{rid} is the first: nothing was cached before it"
+    if how == "previous request":
+        return earlier[-1], "the previous request"
+    if how == "entry it reused":
+        ev = engine.events
+        hit = ev.filter((pl.col("request") == rid) & (pl.col("event") == "hit"))
+        entry = hit["entry"][0] if hit.height else None
+        if entry is None:
+            return None, f"request #{rid} reused no entry"
+        if "blocks" in caps.views:
+            # a paged hit names its last block's id; its events are keyed by the block's hash
+            blocks = engine.store.frame("blocks").filter(pl.col("block") == int(entry))
+            entry = blocks["hash"][0] if blocks.height else entry
+        ins = ev.filter((pl.col("event").is_in(["insert", "block_stored"])) & (pl.col("entry") == entry))
+        src = ins["request"][0] if ins.height else None
+        match = next((r for r in earlier if r.request_id == src), None)
+        if match is None:
+            return None, f"the entry that request #{rid} reused is not from a recorded request"
+        return match, f"request #{src} stored the entry it reused"
+    target = next(r for r in engine.results if r.request_id == rid).prompt_ids
+    best = max(reversed(earlier), key=lambda r: common_prefix_len(r.prompt_ids, target))
+    return best, "the earlier request sharing the longest prefix"
 
 
 def table_rows(results) -> list[list]:
@@ -68,8 +108,8 @@ def table_html(rows: list[list], cause: str | None = None) -> str:
     body = "".join("<tr>" + "".join(f"<td style='{cell}'>{html.escape(str(v))}</td>" for v in row)
                    + "</tr>" for row in rows)
     said = "" if cause is None else f"<p class='kv-cause' style='margin:4px 0'>Why: {html.escape(cause)}</p>"
-    return (f"<div style='max-height:360px;overflow:auto'><b>{len(rows)} requests</b>{said}"
-            f"<table class='kv-requests' style='border-collapse:collapse;font-size:12px'>"
+    return (f"<div style='max-height:360px;overflow:auto;width:100%'><b>{len(rows)} requests</b>{said}"
+            f"<table class='kv-requests' style='border-collapse:collapse;font-size:12px;width:100%'>"
             f"<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>")
 
 

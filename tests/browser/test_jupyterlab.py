@@ -5,8 +5,11 @@ and labextensions stay visible), writes a notebook that runs the tiny model thro
 with an Inspector, runs all cells, and checks what the app shows for that known conversation: the
 icicle's node count and token sum, the header's hit rates, the requests table's rows and match
 kinds; then picks request 2 in the Inspector's dropdown and moves the budget slider, and checks
-that the plotly figure and the replay label changed. As a user does, the Inspector is shown first
-and the requests run once it has rendered. Any page error or console error fails the
+that the plotly figure and the replay label changed; then that each tab's figure is drawn across
+its output area (plotly's .main-svg against .jp-OutputArea-output), for the tree shown when drawn
+and for tabs drawn hidden and opened later, at 1400 px and after resizing the viewport to 1200 px
+and back (the old fixed 900 px lies between the two output widths). As a user does, the Inspector
+is shown first and the requests run once it has rendered. Any page error or console error fails the
 test. Screenshot: test-artifacts/inspector.png (git-ignored).
 
 Chromium: $KVLAB_CHROMIUM, else Debian's /usr/bin/chromium (Linux: apt-get install chromium), else
@@ -209,6 +212,22 @@ def run_menu(page, item: str) -> None:
     page.locator(".lm-Menu-itemLabel", has_text=re.compile(f"^{re.escape(item)}$")).first.click()
 
 
+def run_until_started(page, item: str, started_js: str, attempts: int = 3) -> None:
+    """Click Run > ``item`` until ``started_js`` says the first cell runs or ran. JupyterLab may
+    swap in a new kernel while it opens a notebook and drop the queued cells; running again is
+    then needed (the cells never run twice: a started cell stops the loop)."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
+
+    for attempt in range(attempts):
+        run_menu(page, item)
+        try:
+            page.wait_for_function(started_js, timeout=30_000)
+            return
+        except PlaywrightTimeoutError:
+            if attempt == attempts - 1:
+                raise
+
+
 def _plots(page, kind: str):
     return [p for p in page.evaluate(PLOTS_JS) if p["type"] == kind]
 
@@ -226,7 +245,32 @@ SLICES_JS = """() => {
     return {shared: t.ids.find(i => kids[i] === 2) || null, fills: fills,
             hits: Object.fromEntries(t.ids.map((id, k) => [id, t.marker.colors[k]]))};
 }"""
+# each shown Inspector figure: its drawn plot's width (plotly's .main-svg) and the width of the
+# notebook output area it is in (the column a figure must fill)
+WIDTHS_JS = """() => Array.from(document.querySelectorAll('.kvlab-inspector .js-plotly-plot'))
+    .filter(d => d.offsetParent !== null && d.querySelector('.main-svg'))
+    .map(d => ({plot: d.querySelector('.main-svg').getBoundingClientRect().width,
+                output: d.closest('.jp-OutputArea-output').getBoundingClientRect().width,
+                title: d.layout && d.layout.title ? d.layout.title.text || null : null}))"""
+FILL_TOLERANCE = 0.05  # the tab's border and padding (32 px) at the narrower viewport used here
 NEVER_HIT_RGB = "rgb(230, 230, 230)"  # kvlab.viz.tree.NEVER_HIT, as the browser computes it
+
+
+def check_tab_fills(page, app, tab: str) -> dict:
+    """Open ``tab`` and check that its figure is drawn across its output area: at most the area's
+    width and within FILL_TOLERANCE of it (a figure pinned to 900 px, or stuck at the 700 px plotly
+    gives a figure drawn in a hidden tab, is not). Waits for plotly's debounced re-measure."""
+    app.locator(".lm-TabBar-tab", has_text=tab).first.click()
+    fills = (f"() => {{ const w = ({WIDTHS_JS})(); return w.length === 1 && w[0].plot <= w[0].output + 1"
+             f" && w[0].plot >= (1 - {FILL_TOLERANCE}) * w[0].output; }}")
+    try:
+        page.wait_for_function(fills, timeout=15_000)
+    except Exception:
+        raise AssertionError(f"the {tab} tab's figure does not fill its output area at viewport "
+                             f"{page.viewport_size}: {page.evaluate(WIDTHS_JS)}") from None
+    [seen] = page.evaluate(WIDTHS_JS)
+    print(f"fill {tab} {page.viewport_size['width']}: {seen}")
+    return seen
 
 
 def check_reused_node_coloured_as_hit(page) -> None:
@@ -248,7 +292,6 @@ def check_reused_node_coloured_as_hit(page) -> None:
 
 
 def test_inspector_renders_and_reacts_in_jupyterlab(lab, qwen_tokenizer):
-    from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
     from playwright.sync_api import sync_playwright
 
     base, token, log = lab
@@ -272,16 +315,7 @@ def test_inspector_renders_and_reacts_in_jupyterlab(lab, qwen_tokenizer):
             page.wait_for_function(IDLE_JS, timeout=60_000)
             # as a user does: show the Inspector, then send it traffic (the last cell)
             page.locator(".jp-Notebook .jp-Cell").nth(len(CELLS) - 1).click()
-            for attempt in range(3):
-                run_menu(page, "Run All Above Selected Cell")
-                # a kernel swapped in while the notebook opened drops the queue: run again if
-                # the first cell neither runs nor ran (running the cells twice is never needed)
-                try:
-                    page.wait_for_function(STARTED_JS, timeout=30_000)
-                    break
-                except PlaywrightTimeoutError:
-                    if attempt == 2:
-                        raise
+            run_until_started(page, "Run All Above Selected Cell", STARTED_JS)
 
             app = page.locator(".kvlab-inspector")
             try:
@@ -342,6 +376,24 @@ def test_inspector_renders_and_reacts_in_jupyterlab(lab, qwen_tokenizer):
                 "() => { const s = document.querySelector('.kvlab-inspector .kv-sim');"
                 " return s && s.textContent === '0.0%'; }", timeout=90_000)
 
+            # every figure fills the output area, at two widths either side of the old fixed
+            # 900 px: the tree (shown when drawn) and tabs first opened after being drawn hidden.
+            # Mutants caught: width=900 as the default again (tree: 900 of 968 px); FitPlots left
+            # out (misses, drawn hidden: 700 px); sync not sending autosize with a new height
+            # (blocks after the resize: 700 of 768 px)
+            wide = check_tab_fills(page, app, "tree")
+            assert wide["plot"] > 900, wide
+            check_tab_fills(page, app, "misses")
+            page.set_viewport_size({"width": 1200, "height": 1100})
+            narrow = check_tab_fills(page, app, "misses")  # resized while shown
+            assert narrow["plot"] < 900 and narrow["output"] < wide["output"] - 150, narrow
+            check_tab_fills(page, app, "blocks")  # drawn hidden, first opened after the resize
+            check_tab_fills(page, app, "tree")  # hidden during the resize
+            check_tab_fills(page, app, "budget")
+            page.set_viewport_size({"width": 1400, "height": 1100})
+            assert check_tab_fills(page, app, "budget")["plot"] == pytest.approx(wide["plot"], abs=2)
+            check_tab_fills(page, app, "memory")
+
             page.wait_for_timeout(500)  # let plotly finish its transition before the picture
             app.first.screenshot(path=str(ARTIFACTS / "inspector.png"))
             for tab in ("tree", "memory", "requests", "blocks", "budget"):
@@ -381,18 +433,7 @@ def _open_and_run_all(page, base: str, token: str, name: str) -> None:
     page.wait_for_function(IDLE_JS, timeout=60_000)
     page.wait_for_timeout(1500)
     page.wait_for_function(IDLE_JS, timeout=60_000)
-    from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
-
-    for attempt in range(3):
-        run_menu(page, "Run All Cells")
-        # a kernel swapped in while the notebook opened drops the queue: run again if the first
-        # code cell neither runs nor ran
-        try:
-            page.wait_for_function(CODE_STARTED_JS, timeout=30_000)
-            return
-        except PlaywrightTimeoutError:
-            if attempt == 2:
-                raise
+    run_until_started(page, "Run All Cells", CODE_STARTED_JS)
 
 
 def test_policies_notebook_ends_in_findings_with_the_optimum_distinct(lab, tmp_path):
