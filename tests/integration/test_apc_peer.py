@@ -172,3 +172,20 @@ def test_kvlab_peer_stops_its_server_on_sigterm(servers):
     assert proc.returncode == 0
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"{off['url']}/health", timeout=5)
+
+
+def test_on_a_hybrid_apc_checkpoints_exact_repeats_and_its_counters_agree():
+    # tiny qwen3_5 (GatedDeltaNet + attention): APC's exact-prompt checkpoints serve an identical
+    # request again, images included (93 and 83 of n - 1), never another image; matched ==
+    # restored == usage on every step, answers equal APC off. The dense block rules do not apply
+    # (no predicted columns), so nothing disagrees. Mutant: applying the dense rules to a hybrid
+    # -> 2 false disagreements (text-repeat 93 vs 80, image-a-repeat 83 vs 80).
+    hybrid = kv.load("tiny-vlm:qwen3_5")
+    with start_mlx_vlm(hybrid) as on, start_mlx_vlm(hybrid, apc=False) as off:
+        audit = audit_apc(on, off, hybrid, max_tokens=6)
+    f = audit.frame
+    assert f["reusable_tokens"].to_list() == [0, 93, 66, 83, 67]
+    assert f["restored_tokens"].to_list() == f["matched_tokens"].to_list() == f["cached_tokens"].to_list() \
+        == [0, 93, 0, 83, 0]
+    assert f["apc_matched"].null_count() == f.height
+    assert audit.disagreements().height == 0 and f["same_reply"].all()
