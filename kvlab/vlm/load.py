@@ -11,8 +11,11 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
+import warnings
 from pathlib import Path
 
 from .. import _blas
@@ -92,7 +95,8 @@ def load_folder(folder: Path, name: str, dtype: str | None) -> VLModel:
                                  "language-model call are architecture-specific: kvlab.vlm.archs)")
     adapter_for(arch)
     try:
-        model, processor = mlx_vlm.load(str(folder))  # an existing local folder: never the hub
+        with quiet_tiny_build(name):
+            model, processor = mlx_vlm.load(str(folder))  # an existing local folder: never the hub
     except (ValueError, FileNotFoundError, KeyError, OSError) as e:
         raise ModelNotFoundError(f"mlx-vlm cannot load {folder}: {e}. {HOW}") from e
     stored = stored_dtype(model)
@@ -112,3 +116,25 @@ def load_folder(folder: Path, name: str, dtype: str | None) -> VLModel:
     fp = sha256_json({"config": config, "weights": weights, "files": files, "dtype": dtype})
     return VLModel(name, model, tokenizer, fp, folder, config, dtype,
                    context_length_of(config, hf), "vlm", processor, stored_dtype=stored, dtype_note=note)
+
+
+@contextlib.contextmanager
+def quiet_tiny_build(name: str):
+    """Silence what mlx-vlm says about a kvlab tiny VLM it loads (the tiny gemma4 has no audio tower
+    and its config no audio: "Checkpoint has no weights for module(s): audio_tower", a mel-filter
+    warning from the unused audio feature extractor); a user's own folder keeps every message."""
+    if not name.startswith("tiny-vlm"):
+        yield
+        return
+    root = logging.getLogger()  # mlx-vlm logs through logging.warning, the root logger
+
+    def not_audio(record) -> bool:
+        return not record.getMessage().startswith("Checkpoint has no weights for module(s): audio_tower")
+
+    root.addFilter(not_audio)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="At least one mel filter has all zero values")
+            yield
+    finally:
+        root.removeFilter(not_audio)
