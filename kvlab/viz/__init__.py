@@ -3,7 +3,8 @@
 One module per figure family: ``tree`` (prefix_tree), ``memory`` (memory_over_time),
 ``prompt_diff`` (divergence), ``blocks`` (block_grid), ``curves`` (hit_rate_curves), ``misses``
 (miss_reasons: why tokens missed, from kv.simulate or an Engine); the Inspector app in
-``inspector`` (with its panels in ``panels``). Needs the notebook extras
+``inspector`` (with its panels in ``panels``, and ``fit``: figures that fill their column, heights
+from the data, re-measured when a hidden tab opens or the column resizes). Needs the notebook extras
 (``pip install "kvlab[notebooks]"``); ``import kvlab`` alone never imports plotly.
 
 Example:

@@ -4,11 +4,16 @@ request bodies with an image, a plain-HTTP POST that returns (status, JSON body)
 import base64
 import io
 import json
+import sys
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import numpy as np
 from PIL import Image
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "serving"))
+from sse_events import sse_events  # noqa: E402,F401  (the serving tests' SSE parser, re-exported)
 
 BLOCK = 16
 SYSTEM = "You describe pictures in one short sentence. Be precise and plain."
@@ -57,13 +62,3 @@ def anthropic_body(url_png: bytes, question: str, **kw) -> dict:
                 {"type": "image", "source": {"type": "base64", "media_type": "image/png",
                                              "data": base64.b64encode(url_png).decode()}},
                 {"type": "text", "text": question}]}]}
-
-
-def sse_events(data: bytes) -> list[dict]:
-    """Every server-sent event's JSON data, in order (comments, empty events and [DONE] left out)."""
-    out = []
-    for event in data.replace(b"\r\n", b"\n").split(b"\n\n"):
-        lines = [ln[6:] for ln in event.split(b"\n") if ln.startswith(b"data: ")]
-        if lines and lines[0] != b"[DONE]":
-            out.append(json.loads(b"".join(lines)))
-    return out
