@@ -28,7 +28,7 @@ from .settings import Settings
 from .table import Table
 
 NEEDS_MODEL = False  # it loads the VLMs itself
-MODELS = ("tiny-vlm", "tiny-vlm:qwen3_5")  # dense and hybrid; mlx-vlm cannot serve the tiny gemma4 (peers_vlm)
+MODELS = ("tiny-vlm", "tiny-vlm:qwen3_5", "tiny-vlm:gemma4")  # dense, hybrid, sliding
 TRAFFIC = ("text", "mixed")
 APC_ARMS = ("mlx-vlm APC", "mlx-vlm APC off")
 ARMS = (*APC_ARMS, "kvlab serve")

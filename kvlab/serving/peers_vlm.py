@@ -42,9 +42,7 @@ REPORTED = ("block_size", "num_blocks", "disk_max_gb", "memory_max_gb", "memory_
 ENV_ONLY_DEFAULTS = {"exact_min_tokens": 16, "hash": "fast", "default_tenant": None, "max_pool_tensors": 450000,
                      "layer_major_memory_min_tokens": 50000, "disk_min_free_ram_gb": 2.0}
 ENV_ONLY = tuple(ENV_ONLY_DEFAULTS)
-# the "tiny-vlm:<model_type>" mlx-vlm's server can run: the tiny gemma4 uses the Qwen tokenizer,
-# and mlx-vlm's Gemma 4 processor needs Gemma's own image tokens (kvlab ships no Gemma tokenizer)
-TINY_VLMS = ("qwen2_vl", "qwen3_5")
+TINY_VLMS = ("qwen2_vl", "qwen3_5", "gemma4")  # the "tiny-vlm:<model_type>" kvlab builds
 
 
 def vlm_folder(model) -> Path:
@@ -64,10 +62,8 @@ def vlm_folder(model) -> Path:
     if key in ("tiny", "tiny-vlm") or key.startswith("tiny-vlm:"):
         kind = key.partition(":")[2] or "qwen2_vl"
         if kind not in TINY_VLMS:
-            why = ("its tiny VLM uses the Qwen tokenizer, and mlx-vlm's gemma4 processor needs Gemma's own "
-                   "image tokens" if kind == "gemma4" else "kvlab builds no such tiny VLM")
-            raise PeerError(f"{key!r}: mlx-vlm's server cannot run a tiny {kind} ({why}); pass one of "
-                            f"tiny-vlm:{' tiny-vlm:'.join(TINY_VLMS)} or an mlx-vlm folder of a real model")
+            raise PeerError(f"{key!r}: kvlab builds no tiny {kind} VLM; pass one of "
+                            f"tiny-vlm:{' tiny-vlm:'.join(TINY_VLMS)} or an mlx-vlm folder")
         return Path(ensure_tiny_vlm() if kind == "qwen2_vl" else ensure_tiny_arch(kind))
     path = Path(key).expanduser()
     if not (path / "config.json").is_file():

@@ -97,13 +97,17 @@ def instantiate(cfg: dict):
     return model_class.Model(model_config)
 
 
-def write_tokenizer(out: Path, template: str) -> None:
-    """The Qwen tokenizer files with ``template`` as the chat template."""
+def write_tokenizer(out: Path, template: str, named_tokens: dict | None = None) -> None:
+    """The Qwen tokenizer files with ``template`` as the chat template; ``named_tokens`` become
+    tokenizer attributes (``extra_special_tokens``: ``{"image_token": "<|image_pad|>"}`` gives
+    ``tokenizer.image_token`` and ``.image_token_id``, which some mlx-vlm processors read)."""
     src = qwen_tokenizer_dir()
     for fname in ("tokenizer.json", "vocab.json", "merges.txt"):
         shutil.copyfile(src / fname, out / fname)
     tok_cfg = json.loads((src / "tokenizer_config.json").read_text(encoding="utf-8"))
     tok_cfg["chat_template"] = template  # the Qwen3 text template has no image parts
+    if named_tokens:
+        tok_cfg["extra_special_tokens"] = dict(named_tokens)
     (out / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2))
     (out / "chat_template.json").write_text(json.dumps({"chat_template": template}))
 

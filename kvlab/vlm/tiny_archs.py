@@ -41,7 +41,7 @@ from ..models.families import initial_value  # noqa: E402
 from ..models.tiny import ensure_tiny_folder, qwen_vocab_size  # noqa: E402
 from .build import PROCESSOR_FILES, QWEN2_VL_TEMPLATE, instantiate, write_tokenizer  # noqa: E402
 
-TINY_ARCHS_VERSION = 2  # bump when this builder's output changes
+TINY_ARCHS_VERSION = 3  # bump when this builder's output changes
 ARCHS = ("qwen2_vl", "qwen3_5", "gemma4")
 QWEN_VISION_IDS = {"image_token_id": 151655, "video_token_id": 151656, "vision_start_token_id": 151652,
                    "vision_end_token_id": 151653}
@@ -127,7 +127,9 @@ def build_tiny_arch(out: Path, cfg: dict) -> None:
     model = instantiate(cfg)
     params = {name: mx.array(weight(name, tuple(p.shape))) for name, p in tree_flatten(model.parameters())}
     model.update(tree_unflatten(list(params.items())))
-    write_tokenizer(out, QWEN2_VL_TEMPLATE)
+    # mlx-vlm's Gemma 4 processor (its server) expands tokenizer.image_token to the image's soft
+    # tokens between boi/eoi tokens, which the template already renders: so no boi/eoi names here
+    write_tokenizer(out, QWEN2_VL_TEMPLATE, {"image_token": "<|image_pad|>"} if arch == "gemma4" else None)
     pre = preprocessor(arch)
     (out / "preprocessor_config.json").write_text(json.dumps(pre, indent=2))
     # written so mlx-vlm finds them locally instead of asking the hub

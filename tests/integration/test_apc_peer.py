@@ -174,18 +174,21 @@ def test_kvlab_peer_stops_its_server_on_sigterm(servers):
         httpx.get(f"{off['url']}/health", timeout=5)
 
 
-def test_on_a_hybrid_apc_checkpoints_exact_repeats_and_its_counters_agree():
-    # tiny qwen3_5 (GatedDeltaNet + attention): APC's exact-prompt checkpoints serve an identical
-    # request again, images included (93 and 83 of n - 1), never another image; matched ==
-    # restored == usage on every step, answers equal APC off. The dense block rules do not apply
-    # (no predicted columns), so nothing disagrees. Mutant: applying the dense rules to a hybrid
-    # -> 2 false disagreements (text-repeat 93 vs 80, image-a-repeat 83 vs 80).
-    hybrid = kv.load("tiny-vlm:qwen3_5")
-    with start_mlx_vlm(hybrid) as on, start_mlx_vlm(hybrid, apc=False) as off:
-        audit = audit_apc(on, off, hybrid, max_tokens=6)
+@pytest.mark.parametrize("arch, repeats", [("qwen3_5", [0, 93, 0, 83, 0]), ("gemma4", [0, 93, 0, 88, 0])])
+def test_on_hybrid_and_sliding_apc_checkpoints_exact_repeats_and_its_counters_agree(arch, repeats):
+    # tiny qwen3_5 (GatedDeltaNet + attention) and tiny gemma4 (sliding window + shared KV, images
+    # seen whole): APC's exact-prompt checkpoints serve an identical request again, images included
+    # (n - 1 tokens), never another image; matched == restored == usage on every step, answers
+    # equal APC off, the prompt is kvlab's token for token. The dense block rules do not apply (no
+    # predicted columns), so nothing disagrees. Mutant: applying the dense rules to these caches
+    # -> false disagreements (qwen3_5: text-repeat 93 vs 80, image-a-repeat 83 vs 80).
+    model = kv.load(f"tiny-vlm:{arch}")
+    with start_mlx_vlm(model) as on, start_mlx_vlm(model, apc=False) as off:
+        audit = audit_apc(on, off, model, max_tokens=6)
     f = audit.frame
-    assert f["reusable_tokens"].to_list() == [0, 93, 66, 83, 67]
+    assert f["prompt_tokens"].to_list() == f["prompt_tokens_kvlab"].to_list()
+    assert f["reusable_tokens"].to_list() == [0, 93, 66, repeats[3], 67]
     assert f["restored_tokens"].to_list() == f["matched_tokens"].to_list() == f["cached_tokens"].to_list() \
-        == [0, 93, 0, 83, 0]
+        == repeats
     assert f["apc_matched"].null_count() == f.height
     assert audit.disagreements().height == 0 and f["same_reply"].all()

@@ -152,11 +152,10 @@ def test_vlm_folder_names_and_refusals(tmp_path):
 
     assert vlm_folder("tiny-vlm") == vlm_folder("tiny-vlm:qwen2_vl") == vlm_folder("tiny") == ensure_tiny_vlm()
     assert vlm_folder("tiny-vlm:qwen3_5") == ensure_tiny_arch("qwen3_5")
-    with pytest.raises(PeerError, match=r"'tiny-vlm:mamba': mlx-vlm's server cannot run a tiny mamba \(kvlab "
-                                        r"builds no such tiny VLM\); pass one of tiny-vlm:qwen2_vl tiny-vlm:qwen3_5"):
+    assert vlm_folder("tiny-vlm:gemma4") == ensure_tiny_arch("gemma4")
+    with pytest.raises(PeerError, match=r"'tiny-vlm:mamba': kvlab builds no tiny mamba VLM; pass one of "
+                                        r"tiny-vlm:qwen2_vl tiny-vlm:qwen3_5 tiny-vlm:gemma4"):
         vlm_folder("tiny-vlm:mamba")
-    with pytest.raises(PeerError, match=r"cannot run a tiny gemma4 \(its tiny VLM uses the Qwen tokenizer"):
-        vlm_folder("tiny-vlm:gemma4")
     with pytest.raises(PeerError, match="neither tiny-vlm\\[:<model_type>\\] nor an mlx-vlm folder"):
         vlm_folder(tmp_path)
 
