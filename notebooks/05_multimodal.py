@@ -360,11 +360,11 @@ summary = (results.group_by("experiment", "store", "keys", maintain_order=True)
 summary
 
 # %%
-core = results  # sections 1-3; the saved table also holds sections 4 and 5, one experiment each
+# the saved table: sections 1-3 as above, then sections 4 and 5, one experiment each
 parts = {"text-only TTFT": ttft, "wrong image per family": wrong_image, "peers": peers}
-saved = pl.concat([core] + [f.with_columns(pl.lit(k).alias("experiment")) for k, f in parts.items() if f.height],
-                  how="diagonal_relaxed")
-saved = kv.runner.save_results(saved, results_path, "05_multimodal")
+results = pl.concat([results] + [f.with_columns(pl.lit(k).alias("experiment")) for k, f in parts.items() if f.height],
+                    how="diagonal_relaxed")
+results = kv.runner.save_results(results, results_path, "05_multimodal")
 
 # %% [markdown]
 # ## Findings
@@ -417,13 +417,15 @@ else:
                         + [x for x in audit.findings() if "never replays" in x])
                        if audit is not None else "not run") + ".")
 
+core = results.filter(pl.col("experiment").is_in(["different images", "text only", "text then image"]))
 images = core.filter(pl.col("experiment") == "different images")
 wrong, right = (images.filter(pl.col("keys") == k) for k in ("ids-only", "image-aware"))
 aware = core.filter(pl.col("keys") == "image-aware")
-finding = (f"With identical token ids and different images, ids-only keys reused {wrong['reused_tokens'].sum()} of "
+core_finding = (f"With identical token ids and different images, ids-only keys reused {wrong['reused_tokens'].sum()} of "
            f"{wrong['prompt_tokens'].sum()} prompt tokens and matched a cold run on {wrong['matches_cold'].sum()} of "
            f"{wrong.height} requests (logits up to {wrong['verify_diff'].max():.2f} away); image-aware keys reused "
            f"{right['reused_tokens'].sum()} and every image-aware request matched cold on {aware['matches_cold'].sum()} "
            f"of {aware.height} (within {aware['verify_diff'].max():.1e}, tolerance {tolerance:g}). Reuse was exactly "
            f"what the keys allow on {core['reuse_as_expected'].sum()} of {core.height} requests.")
-Markdown("\n\n".join((finding, family_finding, peer_finding)))
+finding = "\n\n".join((core_finding, family_finding, peer_finding))
+Markdown(finding)
