@@ -13,8 +13,11 @@ which does what mlx-lm's ``_serve_single`` does, with kvlab's pieces:
   its placeholder span, so a text-only request reuses a shared system prompt, an image request
   reuses past an image only for the same pixels (vllm-mlx#718), and no answer changes;
 - lookup and offers go through the StoreAdapter, i.e. the reuse core the Engine runs: restore,
-  prefill to the checkpoint positions of ``--checkpoints`` (offering a snapshot at each), then
-  mlx-lm's own ``stream_generate`` over the bound model, then prompt + output is offered;
+  prefill to the checkpoint positions of ``--checkpoints`` (offering a snapshot at each; none inside
+  an image whose tokens see each other), the rest of the prompt but its last token through kvlab's
+  prefill (such an image runs in one chunk: mlx-lm's chunks could cut it), then mlx-lm's own
+  ``stream_generate`` over the bound model from the last prompt token, then prompt + output is
+  offered;
 - the ledger, events and diagnostics see the same queue items a text request produces.
 
 VLM requests are therefore not continuously batched: they are served one after another in
