@@ -106,9 +106,9 @@ class ProxyHandler(BaseHTTPRequestHandler):
                 msg = (f"the upstream {self.px.upstream} cannot be reached: {_cause(e)}; check that it "
                        "is running and that --upstream names it")
                 log.warning("kvlab proxy: %s", msg)
-                self._json(502, _error(route, msg, "api_error"))
-                if ex is not None:
+                if ex is not None:  # the row first: a client that has its answer finds the row
                     self._finish(ex, status="upstream_unreachable", http_status=502, error=msg)
+                self._json(502, _error(route, msg, "api_error"))
                 return
             answer = None
             if question is not None and resp.status == 200:
@@ -126,9 +126,9 @@ class ProxyHandler(BaseHTTPRequestHandler):
             data = resp.read()
         except (OSError, http.client.HTTPException) as e:
             msg = f"the upstream {self.px.upstream} broke off its response: {_cause(e)}"
-            self._json(502, _error(route, msg, "api_error"))
             if ex is not None:
                 self._finish(ex, status="upstream_error", http_status=502, error=msg)
+            self._json(502, _error(route, msg, "api_error"))
             return
         if ex is not None:
             ex.watch.body(data)
