@@ -177,9 +177,11 @@ class KvlabResponseGenerator(ResponseGenerator):
             if self.kv_deaths <= MAX_DEATHS:
                 self.kv_restarts += 1
                 self.kv_events.add("restart", detail=f"generation thread restarted after: {cause}")
-                self._generation_thread = threading.Thread(target=self._run_generate,
-                                                           name="kvlab-generation", daemon=False)
-                self._generation_thread.start()
+                # started before it is published: mlx-lm's generation_available() reads
+                # is_alive(), and a request arriving between the two would be refused as "died"
+                thread = threading.Thread(target=self._run_generate, name="kvlab-generation", daemon=False)
+                thread.start()
+                self._generation_thread = thread
                 return
             self.kv_failure = GenerationError(
                 f"kvlab serve stopped generating: mlx-lm's generation thread died {self.kv_deaths} "
