@@ -56,3 +56,23 @@ def qwen_tokenizer():
     from kvlab.models.loading import qwen_tokenizer
 
     return qwen_tokenizer()
+
+
+@pytest.fixture
+def start(tiny):
+    """start(store, model=tiny, **kw) -> a running kv.Server on loopback; all are stopped after
+    the test."""
+    import kvlab as kv
+
+    servers = []
+
+    def _start(store="radix", model=None, **kw):
+        kw.setdefault("api_key", "")  # "" = no key, whatever $KVLAB_API_KEY says
+        server = kv.serve(model or tiny, store, **kw)
+        servers.append(server)
+        return server
+
+    yield _start
+    for s in servers:
+        s.stop()
+        assert not s.running

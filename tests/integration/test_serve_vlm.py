@@ -58,18 +58,9 @@ def cold(vlm):
 
 
 @pytest.fixture
-def warm(vlm):
-    made = []
-
-    def _warm(store="radix", **kw):
-        server = kv.serve(vlm, store, api_key="", block_size=BLOCK, **kw)
-        made.append(server)
-        return server
-
-    yield _warm
-    for s in made:
-        s.stop()
-        assert not s.running
+def warm(vlm, start):
+    """warm(store, **kw): kvlab serve on the tiny VLM with ``store`` (the shared ``start`` fixture)."""
+    return lambda store="radix", **kw: start(store, model=vlm, block_size=BLOCK, **kw)
 
 
 def _chat(server, messages, **kw):

@@ -1,29 +1,10 @@
-"""Shared fixtures for the serving tests: every server runs the tiny model on loopback, on a free
-port, and is stopped (threads joined, port freed) by the fixture that started it."""
+"""Shared fixtures for the serving tests (``start``, which the VLM serving tests share, is in
+tests/conftest.py): every server runs on loopback, on a free port, and is stopped (threads
+joined, port freed) by the fixture that started it."""
 
 import pytest
 
 EOS = (151645, 151643)  # Qwen3's end tokens
-
-
-@pytest.fixture
-def start(tiny):
-    """start(store, model=tiny, **kw) -> a running kv.Server on loopback; all are stopped after
-    the test."""
-    import kvlab as kv
-
-    servers = []
-
-    def _start(store="radix", model=None, **kw):
-        kw.setdefault("api_key", "")  # "" = no key, whatever $KVLAB_API_KEY says
-        server = kv.serve(model or tiny, store, **kw)
-        servers.append(server)
-        return server
-
-    yield _start
-    for s in servers:
-        s.stop()
-        assert not s.running
 
 
 @pytest.fixture
