@@ -16,6 +16,7 @@ Chromium: $KVLAB_CHROMIUM, else Debian's /usr/bin/chromium (Linux: apt-get insta
 the one `python -m playwright install chromium` downloaded (macOS: scripts/setup.sh runs it).
 """
 
+import contextlib
 import json
 import os
 import secrets
@@ -291,117 +292,126 @@ def check_reused_node_coloured_as_hit(page) -> None:
     assert fills[shared] not in ("", NEVER_HIT_RGB) and fills[shared] != fills[never], seen
 
 
-def test_inspector_renders_and_reacts_in_jupyterlab(lab, qwen_tokenizer):
+@contextlib.contextmanager
+def chromium_page(errors: list[str], console: bool = False):
+    """A headless Chromium page (1400 x 1100) that appends page errors (and, with ``console``,
+    console errors) to ``errors``; the browser is closed after."""
     from playwright.sync_api import sync_playwright
 
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium(), args=CHROMIUM_ARGS, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1100})
+            page.on("pageerror", lambda e: errors.append(f"pageerror: {e}"))
+            if console:
+                page.on("console", lambda m: m.type == "error" and errors.append(f"console: {m.text}"))
+            yield page
+        finally:
+            browser.close()
+
+
+def test_inspector_renders_and_reacts_in_jupyterlab(lab, qwen_tokenizer):
     base, token, log = lab
     expected = kv.diverge(kv.tokenise(qwen_tokenizer, REQUESTS[0]),
                           kv.tokenise(qwen_tokenizer, REQUESTS[1])).token_index
     want = expected_view(qwen_tokenizer)
     ARTIFACTS.mkdir(exist_ok=True)
     errors: list[str] = []
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium(), args=CHROMIUM_ARGS, headless=True)
+    with chromium_page(errors, console=True) as page:
+        page.goto(f"{base}/lab/tree/inspector.ipynb?token={token}", timeout=60_000)
+        page.locator(".jp-Notebook .jp-Cell").first.wait_for(timeout=60_000)
+        # JupyterLab may start and replace a kernel while it opens the notebook; cells queued
+        # meanwhile are dropped, so wait for an idle kernel that stays idle
+        page.wait_for_function(IDLE_JS, timeout=60_000)
+        page.wait_for_timeout(1500)
+        page.wait_for_function(IDLE_JS, timeout=60_000)
+        # as a user does: show the Inspector, then send it traffic (the last cell)
+        page.locator(".jp-Notebook .jp-Cell").nth(len(CELLS) - 1).click()
+        run_until_started(page, "Run All Above Selected Cell", STARTED_JS)
+
+        app = page.locator(".kvlab-inspector")
         try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1100})
-            page.on("pageerror", lambda e: errors.append(f"pageerror: {e}"))
-            page.on("console", lambda m: m.type == "error" and errors.append(f"console: {m.text}"))
-            page.goto(f"{base}/lab/tree/inspector.ipynb?token={token}", timeout=60_000)
-            page.locator(".jp-Notebook .jp-Cell").first.wait_for(timeout=60_000)
-            # JupyterLab may start and replace a kernel while it opens the notebook; cells queued
-            # meanwhile are dropped, so wait for an idle kernel that stays idle
+            app.first.wait_for(timeout=60_000)
+            page.wait_for_function(RENDERED_JS, timeout=90_000)
             page.wait_for_function(IDLE_JS, timeout=60_000)
-            page.wait_for_timeout(1500)
-            page.wait_for_function(IDLE_JS, timeout=60_000)
-            # as a user does: show the Inspector, then send it traffic (the last cell)
-            page.locator(".jp-Notebook .jp-Cell").nth(len(CELLS) - 1).click()
-            run_until_started(page, "Run All Above Selected Cell", STARTED_JS)
-
-            app = page.locator(".kvlab-inspector")
-            try:
-                app.first.wait_for(timeout=60_000)
-                page.wait_for_function(RENDERED_JS, timeout=90_000)
-                page.wait_for_function(IDLE_JS, timeout=60_000)
-                run_menu(page, "Run Selected Cell")
-                app.locator(".widget-html-content", has_text="3 requests").first.wait_for(timeout=90_000)
-                page.wait_for_function(
-                    "() => Array.from(document.querySelectorAll('.kvlab-inspector .js-plotly-plot'))"
-                    ".some(d => d.data && d.data.length && d.data[0].type === 'icicle' && d.data[0].values"
-                    " && d.data[0].values.length > 1)", timeout=180_000)
-            except Exception as e:
-                page.screenshot(path=str(ARTIFACTS / "inspector-failed.png"))
-                raise AssertionError(f"the Inspector did not render ({type(e).__name__}); page errors "
-                                     f"{errors}; plots {page.evaluate(PLOTS_JS)}; server log:\n"
-                                     f"{log.read_text()[-3000:]}") from None
-            tree = _plots(page, "icicle")[0]
-            assert tree["visible"] and "nodes" in tree["title"]
-            # what it shows, for this known conversation
-            assert page.evaluate(ICICLE_JS) == [{"nodes": want["nodes"], "tokens": want["tokens"]}]
-            check_reused_node_coloured_as_hit(page)
-            header = page.evaluate(HEADER_JS)
-            assert len(header) == 1 and "3 requests" in header[0]
-            assert f"token hit {want['token_hit']}" in header[0]
-            assert f"request hit {want['request_hit']}" in header[0]
-            rows = page.evaluate(TABLE_JS)
-            assert [r[:3] for r in rows] == [
-                [str(i + 1), m, f"{u} / {n}"]
-                for i, (m, u, n) in enumerate(zip(want["matches"], want["reused"], want["prompt"]))]
-
-            # the divergence tab: request 3 repeats request 1, so no token differs
-            app.locator(".lm-TabBar-tab", has_text="divergence").first.click()
-            div_js = ("() => Array.from(document.querySelectorAll('.kvlab-inspector .js-plotly-plot'))"
-                      ".filter(d => d.layout && d.layout.meta && 'token_index' in d.layout.meta)"
-                      ".map(d => d.layout.meta.token_index)")
-            page.wait_for_function(div_js + ".length > 0", timeout=90_000)
-            assert page.evaluate(div_js) == [None]
-
-            # pick request 2 in the dropdown, as a user would
-            label = page.locator("label", has_text="request")
-            select = app.locator(".widget-dropdown", has=label).locator("select")
-            select.select_option(index=1)
-            page.wait_for_function(div_js + f"[0] === {expected}", timeout=90_000)
-            plots = page.evaluate(PLOTS_JS)
-            title = next(p["title"] for p in plots if p["meta"] and "token_index" in p["meta"])
-            assert f"first difference at token {expected}" in title
-            assert app.locator(".widget-html-content", has_text="against #1").count() >= 1
-
-            # the budget slider to its minimum (1 KB): nothing fits, the replayed hit rate drops to 0
-            sim = app.locator(".kv-sim").first
-            live_rate = sim.inner_text()
-            assert live_rate != "0.0%"
-            handle = app.locator(".widget-hslider .noUi-handle").first
-            handle.focus()
-            handle.press("Home")
+            run_menu(page, "Run Selected Cell")
+            app.locator(".widget-html-content", has_text="3 requests").first.wait_for(timeout=90_000)
             page.wait_for_function(
-                "() => { const s = document.querySelector('.kvlab-inspector .kv-sim');"
-                " return s && s.textContent === '0.0%'; }", timeout=90_000)
+                "() => Array.from(document.querySelectorAll('.kvlab-inspector .js-plotly-plot'))"
+                ".some(d => d.data && d.data.length && d.data[0].type === 'icicle' && d.data[0].values"
+                " && d.data[0].values.length > 1)", timeout=180_000)
+        except Exception as e:
+            page.screenshot(path=str(ARTIFACTS / "inspector-failed.png"))
+            raise AssertionError(f"the Inspector did not render ({type(e).__name__}); page errors "
+                                 f"{errors}; plots {page.evaluate(PLOTS_JS)}; server log:\n"
+                                 f"{log.read_text()[-3000:]}") from None
+        tree = _plots(page, "icicle")[0]
+        assert tree["visible"] and "nodes" in tree["title"]
+        # what it shows, for this known conversation
+        assert page.evaluate(ICICLE_JS) == [{"nodes": want["nodes"], "tokens": want["tokens"]}]
+        check_reused_node_coloured_as_hit(page)
+        header = page.evaluate(HEADER_JS)
+        assert len(header) == 1 and "3 requests" in header[0]
+        assert f"token hit {want['token_hit']}" in header[0]
+        assert f"request hit {want['request_hit']}" in header[0]
+        rows = page.evaluate(TABLE_JS)
+        assert [r[:3] for r in rows] == [
+            [str(i + 1), m, f"{u} / {n}"]
+            for i, (m, u, n) in enumerate(zip(want["matches"], want["reused"], want["prompt"]))]
 
-            # every figure fills the output area, at two widths either side of the old fixed
-            # 900 px: the tree (shown when drawn) and tabs first opened after being drawn hidden.
-            # Mutants caught: width=900 as the default again (tree: 900 of 968 px); FitPlots left
-            # out (misses, drawn hidden: 700 px); sync not sending autosize with a new height
-            # (blocks after the resize: 700 of 768 px)
-            wide = check_tab_fills(page, app, "tree")
-            assert wide["plot"] > 900, wide
-            check_tab_fills(page, app, "misses")
-            page.set_viewport_size({"width": 1200, "height": 1100})
-            narrow = check_tab_fills(page, app, "misses")  # resized while shown
-            assert narrow["plot"] < 900 and narrow["output"] < wide["output"] - 150, narrow
-            check_tab_fills(page, app, "blocks")  # drawn hidden, first opened after the resize
-            check_tab_fills(page, app, "tree")  # hidden during the resize
-            check_tab_fills(page, app, "budget")
-            page.set_viewport_size({"width": 1400, "height": 1100})
-            assert check_tab_fills(page, app, "budget")["plot"] == pytest.approx(wide["plot"], abs=2)
-            check_tab_fills(page, app, "memory")
+        # the divergence tab: request 3 repeats request 1, so no token differs
+        app.locator(".lm-TabBar-tab", has_text="divergence").first.click()
+        div_js = ("() => Array.from(document.querySelectorAll('.kvlab-inspector .js-plotly-plot'))"
+                  ".filter(d => d.layout && d.layout.meta && 'token_index' in d.layout.meta)"
+                  ".map(d => d.layout.meta.token_index)")
+        page.wait_for_function(div_js + ".length > 0", timeout=90_000)
+        assert page.evaluate(div_js) == [None]
 
-            page.wait_for_timeout(500)  # let plotly finish its transition before the picture
-            app.first.screenshot(path=str(ARTIFACTS / "inspector.png"))
-            for tab in ("tree", "memory", "requests", "blocks", "budget"):
-                app.locator(".lm-TabBar-tab", has_text=tab).first.click()
-                page.wait_for_timeout(400)
-                app.first.screenshot(path=str(ARTIFACTS / f"inspector-{tab}.png"))
-        finally:
-            browser.close()
+        # pick request 2 in the dropdown, as a user would
+        label = page.locator("label", has_text="request")
+        select = app.locator(".widget-dropdown", has=label).locator("select")
+        select.select_option(index=1)
+        page.wait_for_function(div_js + f"[0] === {expected}", timeout=90_000)
+        plots = page.evaluate(PLOTS_JS)
+        title = next(p["title"] for p in plots if p["meta"] and "token_index" in p["meta"])
+        assert f"first difference at token {expected}" in title
+        assert app.locator(".widget-html-content", has_text="against #1").count() >= 1
+
+        # the budget slider to its minimum (1 KB): nothing fits, the replayed hit rate drops to 0
+        sim = app.locator(".kv-sim").first
+        live_rate = sim.inner_text()
+        assert live_rate != "0.0%"
+        handle = app.locator(".widget-hslider .noUi-handle").first
+        handle.focus()
+        handle.press("Home")
+        page.wait_for_function(
+            "() => { const s = document.querySelector('.kvlab-inspector .kv-sim');"
+            " return s && s.textContent === '0.0%'; }", timeout=90_000)
+
+        # every figure fills the output area, at two widths either side of the old fixed
+        # 900 px: the tree (shown when drawn) and tabs first opened after being drawn hidden.
+        # Mutants caught: width=900 as the default again (tree: 900 of 968 px); FitPlots left
+        # out (misses, drawn hidden: 700 px); sync not sending autosize with a new height
+        # (blocks after the resize: 700 of 768 px)
+        wide = check_tab_fills(page, app, "tree")
+        assert wide["plot"] > 900, wide
+        check_tab_fills(page, app, "misses")
+        page.set_viewport_size({"width": 1200, "height": 1100})
+        narrow = check_tab_fills(page, app, "misses")  # resized while shown
+        assert narrow["plot"] < 900 and narrow["output"] < wide["output"] - 150, narrow
+        check_tab_fills(page, app, "blocks")  # drawn hidden, first opened after the resize
+        check_tab_fills(page, app, "tree")  # hidden during the resize
+        check_tab_fills(page, app, "budget")
+        page.set_viewport_size({"width": 1400, "height": 1100})
+        assert check_tab_fills(page, app, "budget")["plot"] == pytest.approx(wide["plot"], abs=2)
+        check_tab_fills(page, app, "memory")
+
+        page.wait_for_timeout(500)  # let plotly finish its transition before the picture
+        app.first.screenshot(path=str(ARTIFACTS / "inspector.png"))
+        for tab in ("tree", "memory", "requests", "blocks", "budget"):
+            app.locator(".lm-TabBar-tab", has_text=tab).first.click()
+            page.wait_for_timeout(400)
+            app.first.screenshot(path=str(ARTIFACTS / f"inspector-{tab}.png"))
     assert errors == [], errors
 
 
@@ -439,8 +449,6 @@ def _open_and_run_all(page, base: str, token: str, name: str) -> None:
 def test_policies_notebook_ends_in_findings_with_the_optimum_distinct(lab, tmp_path):
     # mutants caught: the optimum coloured from the palette like LRU (the 11th trace), the
     # Findings heading or its sentences missing after Run All
-    from playwright.sync_api import sync_playwright
-
     base, token, log = lab
     venv_share = Path(sys.prefix) / "share" / "jupyter"
     nb = json.loads((ROOT / "notebooks" / "10_policies.ipynb").read_text())
@@ -449,25 +457,19 @@ def test_policies_notebook_ends_in_findings_with_the_optimum_distinct(lab, tmp_p
     (tmp_path / "work" / "10_policies.ipynb").write_text(json.dumps(nb))
     ARTIFACTS.mkdir(exist_ok=True)
     errors: list[str] = []
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium(), args=CHROMIUM_ARGS, headless=True)
+    with chromium_page(errors) as page:
+        _open_and_run_all(page, base, token, "10_policies.ipynb")
         try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1100})
-            page.on("pageerror", lambda e: errors.append(f"pageerror: {e}"))
-            _open_and_run_all(page, base, token, "10_policies.ipynb")
-            try:
-                page.wait_for_function(f"() => ({FINDINGS_JS})().findings.length > 0", timeout=180_000)
-                page.wait_for_function(f"() => ({POLICY_CEILING_JS})().length >= 2", timeout=60_000)
-            except Exception as e:
-                page.screenshot(path=str(ARTIFACTS / "policies-failed.png"), full_page=True)
-                raise AssertionError(f"notebook 10 did not finish with its Findings ({type(e).__name__}); "
-                                     f"page errors {errors}; server log:\n{log.read_text()[-3000:]}") from None
-            found = page.evaluate(FINDINGS_JS)
-            assert found["headings"] == 1 and len(found["findings"]) == 1
-            assert "points below the optimum's" in found["findings"][0]
-            # both sweeps (the Mooncake trace and the workload) draw the ceiling the same way
-            for traces in page.evaluate(POLICY_CEILING_JS):
-                assert traces == [{"name": "belady (optimum: the ceiling)", "color": "black", "dash": "dash"}]
-        finally:
-            browser.close()
+            page.wait_for_function(f"() => ({FINDINGS_JS})().findings.length > 0", timeout=180_000)
+            page.wait_for_function(f"() => ({POLICY_CEILING_JS})().length >= 2", timeout=60_000)
+        except Exception as e:
+            page.screenshot(path=str(ARTIFACTS / "policies-failed.png"), full_page=True)
+            raise AssertionError(f"notebook 10 did not finish with its Findings ({type(e).__name__}); "
+                                 f"page errors {errors}; server log:\n{log.read_text()[-3000:]}") from None
+        found = page.evaluate(FINDINGS_JS)
+        assert found["headings"] == 1 and len(found["findings"]) == 1
+        assert "points below the optimum's" in found["findings"][0]
+        # both sweeps (the Mooncake trace and the workload) draw the ceiling the same way
+        for traces in page.evaluate(POLICY_CEILING_JS):
+            assert traces == [{"name": "belady (optimum: the ceiling)", "color": "black", "dash": "dash"}]
     assert errors == [], errors
