@@ -25,7 +25,7 @@ _blas.load_fast_blas()  # before mlx.core
 import mlx.core as mx  # noqa: E402
 from mlx.utils import tree_flatten  # noqa: E402
 
-from . import gguf, hub  # noqa: E402
+from . import attention, gguf, hub  # noqa: E402
 from .dtypes import DTYPES, cast, check_dtype, choose, default_dtype, stored_dtype  # noqa: E402,F401
 from ..errors import ModelNotFoundError  # noqa: E402
 from .folders import (TOKENIZER_FILES, digest_files, ensure_folder,  # noqa: E402
@@ -253,6 +253,7 @@ def _load_folder(folder: Path, name: str, dtype: str | None, *, built: bool = Fa
     dtype, note = choose(stored, dtype, built=built)
     cast(model, dtype)
     materialise(model)
+    attention.install()
     config = json.loads((folder / "config.json").read_text())
     manifest = read_manifest(folder)
     if manifest:

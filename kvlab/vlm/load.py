@@ -25,6 +25,7 @@ _blas.load_fast_blas()  # before mlx.core
 from ..errors import ModelNotFoundError, VLMUnavailableError  # noqa: E402
 from ..models.folders import TOKENIZER_FILES, digest_files, read_manifest, sha256_json  # noqa: E402
 from ..models.dtypes import cast, check_dtype, choose, stored_dtype  # noqa: E402
+from ..models import attention  # noqa: E402
 from ..models.loading import context_length_of, materialise  # noqa: E402
 from .archs import SUPPORTED_ARCHS, adapter_for  # noqa: E402
 from .build import PROCESSOR_FILES, ensure_tiny_vlm  # noqa: E402
@@ -102,6 +103,7 @@ def load_folder(folder: Path, name: str, dtype: str | None) -> VLModel:
     stored = stored_dtype(model)
     dtype, note = choose(stored, dtype)
     cast(model, dtype)
+    attention.install()
     materialise(model)  # served from mlx-lm's generation thread: nothing may stay lazy here
     hf = processor.tokenizer
     if not getattr(hf, "chat_template", None):

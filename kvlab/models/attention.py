@@ -1,0 +1,138 @@
+"""The one place kvlab reaches into the attention of mlx-lm's and mlx-vlm's models.
+
+Their model modules call ``scaled_dot_product_attention(queries, keys, values, cache=, scale=,
+mask=, sinks=)`` imported by name from ``mlx_lm.models.base`` (or ``mlx_vlm.models.base``).
+``install()`` rebinds that name, in every model module loaded so far, to a dispatcher that
+
+1. runs the wrappers entered with ``wrapping(...)`` in the calling thread, outermost first: each is
+   ``wrapper(call, queries, keys, values, cache, scale, mask, sinks)`` and continues the chain with
+   ``call(queries, keys, values, cache, scale, mask, sinks)`` (a press reads the window's queries
+   here; an oracle adds a mask);
+2. then the library's own function for quantized caches (it dequantizes or runs quantized matmuls),
+   else the kernel chosen with ``set_kernel`` (``mx.fast.scaled_dot_product_attention``'s signature;
+   by default that function itself).
+
+kvlab's loaders call ``install()`` after each model is built, so a model's modules are always
+covered. Wrappers live in a ``ContextVar``: entering one in a notebook does not reach the server's
+generation thread, and the reverse.
+
+Example:
+    >>> seen = []
+    >>> def spy(call, q, k, v, cache, scale, mask, sinks):
+    ...     seen.append(q.shape)
+    ...     return call(q, k, v, cache, scale, mask, sinks)
+    >>> with wrapping(spy):
+    ...     logits = model.net(ids[None])             # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import sys
+
+from .. import _blas
+
+_blas.load_fast_blas()  # before mlx.core
+
+import mlx.core as mx  # noqa: E402
+
+from ..errors import KvlabError  # noqa: E402
+
+NAME = "scaled_dot_product_attention"
+MODULE_PREFIXES = ("mlx_lm.models.", "mlx_vlm.models.")
+MLX_KERNEL = "mlx"
+
+_wrappers: contextvars.ContextVar[tuple] = contextvars.ContextVar("kvlab_attention_wrappers", default=())
+_kernel = {"name": MLX_KERNEL, "fn": None}  # fn None: mx.fast.scaled_dot_product_attention
+_dispatchers: dict[int, object] = {}  # id(library function) -> its dispatcher
+
+
+def _quantized(cache) -> bool:
+    return cache is not None and (hasattr(cache, "bits") or hasattr(cache, "dequantize"))
+
+
+def _dispatcher(original):
+    """The function that stands in for ``original`` (a library's scaled_dot_product_attention)."""
+
+    def innermost(queries, keys, values, cache, scale, mask, sinks):
+        fn = _kernel["fn"]
+        if fn is None or _quantized(cache):
+            return original(queries, keys, values, cache, scale=scale, mask=mask, sinks=sinks)
+        return fn(queries, keys, values, scale=scale, mask=mask, sinks=sinks)
+
+    def scaled_dot_product_attention(queries, keys, values, cache, scale, mask=None, sinks=None):
+        call = innermost
+        for wrapper in reversed(_wrappers.get()):
+            call = _link(wrapper, call)
+        return call(queries, keys, values, cache, scale, mask, sinks)
+
+    scaled_dot_product_attention.kvlab_original = original
+    scaled_dot_product_attention.__doc__ = original.__doc__
+    return scaled_dot_product_attention
+
+
+def _link(wrapper, call):
+    return lambda q, k, v, cache, scale, mask, sinks: wrapper(call, q, k, v, cache, scale, mask, sinks)
+
+
+def install() -> int:
+    """Rebind the attention name in every loaded mlx-lm / mlx-vlm model module (idempotent).
+    Returns how many modules were rebound by this call."""
+    rebound = 0
+    for name, module in list(sys.modules.items()):
+        if module is None or not name.startswith(MODULE_PREFIXES):
+            continue
+        fn = getattr(module, NAME, None)
+        if fn is None or not callable(fn) or hasattr(fn, "kvlab_original"):
+            continue
+        if getattr(fn, "__module__", "") not in ("mlx_lm.models.base", "mlx_vlm.models.base"):
+            continue  # a model's own attention of another name's making: left alone
+        if id(fn) not in _dispatchers:
+            _dispatchers[id(fn)] = _dispatcher(fn)
+        setattr(module, NAME, _dispatchers[id(fn)])
+        rebound += 1
+    return rebound
+
+
+def uninstall() -> int:
+    """Give every model module its library's own function back (how a test compares with the
+    library untouched); ``install()`` reverses it. Returns how many modules were restored."""
+    restored = 0
+    for name, module in list(sys.modules.items()):
+        fn = getattr(module, NAME, None) if module is not None and name.startswith(MODULE_PREFIXES) else None
+        if hasattr(fn, "kvlab_original"):
+            setattr(module, NAME, fn.kvlab_original)
+            restored += 1
+    return restored
+
+
+@contextlib.contextmanager
+def wrapping(*wrappers):
+    """Run attention through ``wrappers`` (outermost first) inside this block, in this thread."""
+    for w in wrappers:
+        if not callable(w):
+            raise KvlabError(f"an attention wrapper must be callable, got {type(w).__name__}")
+    token = _wrappers.set(_wrappers.get() + tuple(wrappers))
+    try:
+        yield
+    finally:
+        _wrappers.reset(token)
+
+
+def set_kernel(fn, name: str) -> None:
+    """Use ``fn`` (``mx.fast.scaled_dot_product_attention``'s signature) for unquantized caches
+    in every thread; ``fn=None`` goes back to MLX's own. ``name`` is what ``kernel_name()`` says."""
+    if fn is not None and not callable(fn):
+        raise KvlabError(f"an attention kernel must be callable, got {type(fn).__name__}")
+    _kernel.update(fn=fn, name=MLX_KERNEL if fn is None else str(name))
+
+
+def kernel_name() -> str:
+    """The attention kernel in use: ``mlx`` (MLX's fused one) or the name given to ``set_kernel``."""
+    return _kernel["name"]
+
+
+def mlx_attention(queries, keys, values, *, scale, mask=None, sinks=None):
+    """MLX's own fused attention (the reference every kernel is compared with)."""
+    return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale, mask=mask, sinks=sinks)
