@@ -1,22 +1,27 @@
 """kvpress 0.5.5 (PyTorch, from .venv-kvpress) as the peer of kvlab's presses, on the embedded
 SmolLM2's own weights: one subprocess answers every case (one model load, one prefill).
 
-What is asserted, exactly (T = 215 tokens, an odd length so int(T * (1 - ratio)) truncates):
+What is asserted, exactly (T = 215 tokens, an odd length so int(T * (1 - ratio)) truncates), and
+the mutants each check was seen to catch:
 - every layer and KV head keeps int(T * (1 - ratio)) positions, ascending and distinct, in
-  [0, T) (mutants caught: round() instead of int() (108 kept at 0.5, not 107); positions left in
-  kvpress's top-k order instead of ascending);
+  [0, T) (mutant: the runner hands back kvpress's top-k order instead of ascending positions);
+  the runner's own check that compress returned exactly the rows at the indices read catches a
+  harness that reads them differently (mutants: round() for int(); the lowest scores read as
+  kept): every test errors;
 - streaming_llm keeps exactly the 4 sinks and the most recent n_kept - 4 positions (its closed
-  form) in every layer and head (mutant caught: the sinks dropped or off by one);
+  form) in every layer and head (mutant: kvlab's mapping passes n_sink=5);
 - knorm: kvpress's scores are minus the key norms kvlab's own prefill gives for the same ids,
   layer by layer and head by head, within 1e-4 relative (measured: 3.3e-6), and its kept sets
-  are the lowest norms of kvlab's keys in every head except near-ties (a swap whose gap is
-  under NEAR_TIE of the head's scores on both sides: repeated tokens have the same layer-0 key
-  norm, RoPE being a rotation). Layers past 0 read every earlier layer's attention, so this
-  checks that the weights, RoPE and KV-head order agree across the two stacks (mutants caught:
-  the highest norms kept, mlx-lm #963's inversion; kvlab's KV heads read in reverse order);
+  are the lowest norms of kvlab's keys in every head except near-ties (a swap whose gap is under
+  NEAR_TIE of the head's scores on both sides: a repeated token has the same layer-0 key norm,
+  RoPE being a rotation; measured: 1 head of 270). Layers past 0 read every earlier layer's
+  attention, so this checks that the weights, RoPE and KV-head order agree across the two stacks
+  (mutants: the peer loads the weights in bfloat16; kvlab's KV heads read in reverse order; the
+  highest norms kept on kvlab's side, mlx-lm #963's inversion);
 - the SnapKV case also ran kvpress's own ``with press(model)`` hook in the same forward and its
   compressed cache held exactly the rows observed (``verified``);
-- agreement/explain on a deliberately wrong answer: a far swap is "differs", not a near-tie.
+- agreement/explain on a deliberately wrong answer: a far swap is "differs", not a near-tie
+  (mutant: explain calls every difference a near-tie).
 """
 
 from __future__ import annotations
