@@ -290,15 +290,17 @@ def kept_positions(ids, press: str, ratio: float, *, model="smollm2", **options)
 # -- agreement -------------------------------------------------------------------------------------
 
 def _layers(kept) -> list:
+    """Per layer, per head, the set of positions kept (-1 pads a head that keeps fewer: dropped)."""
     kept = getattr(kept, "kept", kept)
-    return [None if k is None else np.asarray(k) for k in kept]
+    return [None if k is None else [set(int(p) for p in row if p >= 0) for row in np.asarray(k)]
+            for k in kept]
 
 
 def agreement(ours, theirs) -> pl.DataFrame:
     """Per layer and KV head: how many positions each side kept, whether the sets are equal, their
     Jaccard overlap and how many only one side kept. ``ours``/``theirs``: a list per layer of
-    [kv_heads, n_kept] positions (mx or numpy) or None, or an object with ``.kept``
-    (kv.compress's result, a PeerKept). A layer one side compressed and the other did not has
+    [kv_heads, n_kept] positions (mx or numpy; -1 pads ignored) or None, or an object with
+    ``.kept`` (kv.compress's result, a PeerKept). A layer one side compressed and the other did not has
     null counts on that side and ``exact`` False.
 
     Example:
@@ -312,9 +314,9 @@ def agreement(ours, theirs) -> pl.DataFrame:
     for layer, (x, y) in enumerate(zip(a, b)):
         if x is None and y is None:
             continue
-        for head in range((x if x is not None else y).shape[0]):
-            sx = set(x[head].tolist()) if x is not None else None
-            sy = set(y[head].tolist()) if y is not None else None
+        for head in range(len(x if x is not None else y)):
+            sx = x[head] if x is not None else None
+            sy = y[head] if y is not None else None
             both = None if sx is None or sy is None else len(sx & sy)
             rows.append({"layer": layer, "head": head, "n_ours": None if sx is None else len(sx),
                          "n_theirs": None if sy is None else len(sy), "exact": sx == sy,
@@ -351,8 +353,7 @@ def explain(ours, theirs: PeerKept, our_scores=None) -> pl.DataFrame:
     for layer, (x, y) in enumerate(zip(a, b)):
         if x is None or y is None or theirs.scores[layer] is None:
             continue
-        for head in range(y.shape[0]):
-            sx, sy = set(x[head].tolist()), set(y[head].tolist())
+        for head, (sx, sy) in enumerate(zip(x, y)):
             if sx == sy:
                 continue
             row = {"layer": layer, "head": head, "only_ours": sorted(sx - sy), "only_theirs": sorted(sy - sx),

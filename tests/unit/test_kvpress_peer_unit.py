@@ -68,7 +68,7 @@ def test_agreement_explain_and_summary():
     scores = [np.array([[9.0, 1.0, 5.0, 5.0 + 1e-7, 0.0, 7.0]] * 2), None]
     theirs = _peer([np.array([[0, 3, 5], [0, 3, 5]], np.int32), None], scores)
     # head 0: a near-tie swap (2 for 3); head 1: a far swap (4, score 0, for 0, score 9)
-    ours = [np.array([[0, 2, 5], [3, 4, 5]]), None]
+    ours = [np.array([[0, 2, 5, -1], [3, 4, 5, -1]]), None]  # -1: a pad, not a position
     frame = kp.agreement(ours, theirs)
     assert frame.select("layer", "head", "exact", "only_ours").rows() == [(0, 0, False, 1), (0, 1, False, 1)]
     assert frame["jaccard"].to_list() == [0.5, 0.5]
