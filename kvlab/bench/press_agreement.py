@@ -28,9 +28,10 @@ from .table import Table
 
 NEEDS_MODEL = True
 PEERS = True  # kvpress loads the model folder (in float32): a cast kvlab model is not what it runs
-PRESSES = ("streaming_llm", "knorm", "snapkv", "expected_attention", "tova")
+PRESSES = ("streaming_llm", "knorm", "snapkv", "expected_attention", "tova", "observed_attention",
+           "keydiff", "lagkv")
 RATIOS = (0.25, 0.5, 0.75)
-PROMPT_TOKENS = (256, 512, 768)
+PROMPT_TOKENS = (256, 768)
 
 
 def require_presses():
@@ -110,7 +111,10 @@ def bench_press_agreement(model, *, presses=PRESSES, ratios=RATIOS, prompt_token
                  "float32 through transformers, CPU torch). A head is exact when both keep the same set of "
                  "positions; a near-tie is a difference whose swapped positions sit within "
                  f"{kvpress_peer.NEAR_TIE:g} of the head's median |score| of kvpress's cut; the rest differ "
-                 "(kvlab.presses.kvpress_peer.explain lists them).",
+                 "(kvlab.presses.kvpress_peer.explain lists them). knorm ties on repeated tokens (a token's "
+                 "layer-0 key norm does not depend on its position: RoPE is a rotation); lagkv's scores are "
+                 "ranks within each 128-token partition, equal across partitions, so its cut falls inside "
+                 "ties that torch.topk and kvlab break in different orders.",
                  values=values)
 
 
