@@ -270,9 +270,9 @@ def run(cases, model="smollm2", *, timeout: float = 1800.0) -> list[PeerKept]:
         with np.load(out) as z:
             meta = json.loads(str(z["meta"]))
             arrays = {k: z[k] for k in z.files if k != "meta"}
-    layers = range(meta["layers"])
-    return [PeerKept(c, [arrays.get(f"c{i}.kept.{l}") for l in layers], [arrays.get(f"c{i}.scores.{l}") for l in layers],
-                     meta["cases"][i]["verified"], {k: v for k, v in meta.items() if k != "cases"})
+    layers, shared = range(meta["layers"]), {k: v for k, v in meta.items() if k != "cases"}
+    return [PeerKept(c, [arrays.get(f"c{i}.kept.{n}") for n in layers],
+                     [arrays.get(f"c{i}.scores.{n}") for n in layers], meta["cases"][i]["verified"], shared)
             for i, c in enumerate(cases)]
 
 
