@@ -41,6 +41,16 @@ RATIOS = (0.25, 0.5, 0.75)
 SCORE_RTOL = 1e-4
 
 
+def test_kvpress_on_kvlabs_weights(smol, peer, kvlab_norms):
+    # one test, so pytest-xdist cannot split the module and start kvpress twice (torch's start-up
+    # and the prefill are most of its time); each check below is one invariant
+    check_every_head_keeps_int_t_times_one_minus_ratio_ascending(peer)
+    check_streaming_llm_is_sinks_plus_most_recent(peer)
+    check_knorm_equals_the_lowest_norms_of_kvlabs_own_keys(peer, kvlab_norms)
+    check_the_observed_indices_are_what_kvpress_own_hook_kept(peer)
+    check_explain_calls_a_far_swap_a_difference(peer)
+
+
 @pytest.fixture(scope="module")
 def prompt(smol):
     rng = np.random.default_rng(3)
@@ -72,7 +82,7 @@ def kvlab_norms(smol, prompt):
     return [np.array(mx.sqrt(mx.sum(c.keys[0, :, :T, :].astype(mx.float32) ** 2, axis=-1))) for c in cache]
 
 
-def test_every_head_keeps_int_t_times_one_minus_ratio_ascending(peer):
+def check_every_head_keeps_int_t_times_one_minus_ratio_ascending(peer):
     for (name, ratio), run in peer.items():
         n = int(T * (1 - ratio))
         assert len(run.kept) == 30 and all(k is not None for k in run.kept), name
@@ -82,7 +92,7 @@ def test_every_head_keeps_int_t_times_one_minus_ratio_ascending(peer):
     assert peer[("knorm", 0.5)].kept[0].shape[1] == 107  # 215 * 0.5 = 107.5 -> 107
 
 
-def test_streaming_llm_is_sinks_plus_most_recent(peer):
+def check_streaming_llm_is_sinks_plus_most_recent(peer):
     for ratio in RATIOS:
         n = int(T * (1 - ratio))
         expected = np.concatenate([np.arange(4), np.arange(T - (n - 4), T)])
@@ -90,7 +100,7 @@ def test_streaming_llm_is_sinks_plus_most_recent(peer):
             assert (layer == expected[None, :]).all(), (ratio, layer[0, :8])
 
 
-def test_knorm_equals_the_lowest_norms_of_kvlabs_own_keys(peer, kvlab_norms):
+def check_knorm_equals_the_lowest_norms_of_kvlabs_own_keys(peer, kvlab_norms):
     scores = peer[("knorm", 0.5)].scores
     for layer, (theirs, ours) in enumerate(zip(scores, kvlab_norms)):
         np.testing.assert_allclose(-theirs, ours, rtol=SCORE_RTOL, err_msg=f"layer {layer}")
@@ -107,7 +117,7 @@ def test_knorm_equals_the_lowest_norms_of_kvlabs_own_keys(peer, kvlab_norms):
     assert ties <= 3, f"{ties} heads differ by near-ties: more than float noise on repeated tokens"
 
 
-def test_the_observed_indices_are_what_kvpress_own_hook_kept(peer):
+def check_the_observed_indices_are_what_kvpress_own_hook_kept(peer):
     snap = peer[("snapkv", 0.5)]
     assert snap.verified is True and peer[("knorm", 0.5)].verified is None
     assert snap.meta["versions"]["kvpress"] == "0.5.5" and snap.meta["dtype"] == "float32"
@@ -118,7 +128,7 @@ def test_the_observed_indices_are_what_kvpress_own_hook_kept(peer):
     assert "margin" in snap._repr_html_()
 
 
-def test_explain_calls_a_far_swap_a_difference(peer):
+def check_explain_calls_a_far_swap_a_difference(peer):
     theirs = peer[("knorm", 0.5)]
     ours = [k.copy() for k in theirs.kept]
     scores = theirs.scores[5][1]
