@@ -1,0 +1,24 @@
+"""Routing across serving instances: one routing interface (kvlab.cluster.decide) shared by a
+million-request cluster simulator (kvlab.cluster.simulate, through ``kv.simulate(...,
+instances=N)``) and a real router in front of ``kvlab serve`` instances fed by vLLM-format KV
+events (kvlab.cluster.router); the rules, their defaults and sources in kvlab.cluster.routers.
+
+Example:
+    >>> import kvlab as kv
+    >>> kv.simulate(kv.traces.read(), instances=8, router="preble_e2", capacity_tokens=2**21)
+    ClusterResult(preble_e2/precise x8: ...)
+"""
+
+from .routers import CEILINGS, ROUTER_NAMES, ROUTERS, VIEWS, RouterInfo, check_router, check_view
+from .service import ServiceModel
+
+__all__ = ["ROUTERS", "ROUTER_NAMES", "CEILINGS", "VIEWS", "RouterInfo", "ServiceModel", "check_router",
+           "check_view", "simulate_cluster", "ClusterResult"]
+
+
+def __getattr__(name):
+    if name in ("simulate_cluster", "ClusterResult"):
+        from . import simulate
+
+        return getattr(simulate, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
