@@ -27,7 +27,8 @@ def test_table_markdown_and_html():
 
 
 def test_registry_order_and_sections():
-    assert bench.SECTIONS == ("blas", "ttft", "snapshot", "memory", "hashing", "simulator", "exp", "quantization",
+    assert bench.SECTIONS == ("blas", "ttft", "snapshot", "memory", "hashing", "simulator", "cluster", "exp",
+                              "quantization",
                               "policies", "serving", "served_checkpoints", "proxy", "tiers", "conformance",
                               "checkpoint_policies", "hybrid_ttft", "sliding_bytes", "vlm_peers")
     for name, section in bench.REGISTRY.items():

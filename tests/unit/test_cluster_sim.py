@@ -33,8 +33,7 @@ def same(a, b):
 @pytest.mark.parametrize("router", [r for r in ROUTER_NAMES if r != "optimal"])
 def test_kernel_equals_the_reference(mooncake, router):
     # catches a kernel whose view match, eviction order, stale-event timing, TTL expiry, queue or
-    # load bookkeeping drifts from the plain replay (checked: match[i] = j + 1, and the stale
-    # view applying events at < instead of <= t - delay, each fail here)
+    # load bookkeeping drifts from the plain replay (checked: match[i] = j + 1 fails here)
     for view in VIEWS:
         for policy in ("lru", "fifo"):
             spec = prepare(mooncake, 3, router, view, 2**18, policy, None, load=0.3)
@@ -139,3 +138,14 @@ def test_every_rule_has_a_source_and_tiling_shifts_ids(mooncake):
     # the same instance pattern for an even copy length)
     f = r.requests["hit_tokens"].to_list()
     assert f[:50] == f[50:100]
+
+
+def test_stale_view_sees_events_exactly_delay_seconds_old():
+    # request 2 arrives 1 s after request 1: a view 1 s late has its blocks, 1.5 s late has not
+    # (catches events applied at < t - delay instead of <=, or never)
+    t = kv.traces.Trace(pl.DataFrame({"timestamp": [0, 1000], "input_length": [9, 9], "output_length": [1, 1],
+                                      "hash_ids": [[0, 1, 2], [0, 1, 3]]}, schema=kv.traces.SCHEMA), 4)
+    for view, seen in (("precise", 8), ("stale:1", 8), ("stale:1.5", 0)):
+        for engine in ("numba", "python"):
+            r = simulate_cluster(t, 2, "llmd_weighted", view, engine=engine)
+            assert r.requests["view_match_tokens"].to_list() == [0, seen], (view, engine)
