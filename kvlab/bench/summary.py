@@ -104,13 +104,6 @@ def _simulator(v: dict) -> tuple[bool, str]:
             f"{len(v['capacities_tokens'])} capacities, results {'identical' if v['identical'] else 'DIFFERENT'}")
 
 
-def _cluster(v: dict) -> tuple[bool, str]:
-    slowest = max(v["runs"], key=lambda k: v["runs"][k]["seconds"]["median"])
-    s = v["runs"][slowest]["seconds"]["median"]
-    return (s < 60, f"slowest {slowest}: {s:.1f} s for {v['requests']:,} requests over {v['instances']} instances; "
-            + ", ".join(f"{k} {x['seconds']['median']:.1f} s" for k, x in v["runs"].items()))
-
-
 def _policies(v: dict) -> tuple[bool, str]:
     per = v["policies"]
     online = {name: x for name, x in per.items() if name != "belady"}
@@ -207,7 +200,6 @@ TARGETS = (
     Target("xxh3_128 block hashing >= 20M tokens/s", "hashing", _hashing),
     Target("16-capacity LRU sweep over 12k requests >= 10x faster than 16 plain-Python replays, "
            "identical results", "simulator", _simulator),
-    Target("cluster simulator: a million requests over 8 instances < 60 s on one core", "cluster", _cluster),
     Target("every eviction policy's compiled 16-capacity sweep over the 12k-request Mooncake trace >= 20x "
            "its plain-Python replays, identical results", "policies", _policies),
     Target("belady (the offline optimum) over 16 capacities of that trace < 10 s", "policies", _belady),
