@@ -56,12 +56,17 @@ def prefill_s(prm, cached, new):
 
 
 @numba.njit(cache=True)
-def least_loaded(running, up):
+def _argmin(values, up):
     best = -1
-    for i in range(len(running)):
-        if up[i] and (best < 0 or running[i] < running[best]):
+    for i in range(len(values)):
+        if up[i] and (best < 0 or values[i] < values[best]):
             best = i
     return best
+
+
+@numba.njit(cache=True)
+def least_loaded(running, up):
+    return _argmin(running, up)
 
 
 @numba.njit(cache=True)
@@ -124,15 +129,6 @@ def _best_match(match, running, up, limit):
     for i in range(len(match)):
         if up[i] and running[i] <= limit and (best < 0 or match[i] > match[best]
                                               or (match[i] == match[best] and running[i] < running[best])):
-            best = i
-    return best
-
-
-@numba.njit(cache=True)
-def _argmin(values, up):
-    best = -1
-    for i in range(len(values)):
-        if up[i] and (best < 0 or values[i] < values[best]):
             best = i
     return best
 
