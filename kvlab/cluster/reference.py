@@ -1,5 +1,6 @@
 """The plain-Python cluster replay: kvlab.policies' own definitions as each instance's cache,
-sets and ordered dicts as the views, heapq as the queue of finishing requests. It follows
+kvlab.cluster.views (which a live router reads too) as the approximate and stale views, heapq as
+the queue of finishing requests. It follows
 kvlab.cluster.kernel step for step and is what that kernel is tested equal to; it also runs the
 eviction policies the kernel does not compile (every name in kvlab.policies but belady).
 
@@ -10,12 +11,12 @@ the least loaded instance), so those two are checked against code written twice.
 from __future__ import annotations
 
 import heapq
-from collections import OrderedDict, deque
 
 import numpy as np
 
 from ..policies import Unit, make_policy
 from .decide import R_ROUND_ROBIN, decide
+from .views import KINDS, BlockViews
 
 
 def _prefill(prm, cached, new):
@@ -34,9 +35,7 @@ def reference(spec: dict, policy: str) -> tuple:
     given, window = spec["given"], spec["window_s"]
     st = spec["st"].copy()
     pols = [make_policy(policy, None if cap < 0 else cap) for _ in range(n)]
-    views = [OrderedDict() for _ in range(n)]  # approximate: block -> last access, oldest first
-    stale = [set() for _ in range(n)]
-    events: deque = deque()
+    view = BlockViews(n, KINDS[kind], delay, vcap, ttl)
     heap: list = []
     running, active, work, free_at = [0] * n, [0] * n, [0.0] * n, [0.0] * n
     inst, hits, ttft, vmatch, pre = [0] * len(tokens), [0] * len(tokens), [0.0] * len(tokens), [0] * len(tokens), []
@@ -51,27 +50,20 @@ def reference(spec: dict, policy: str) -> tuple:
         while wh < r and arrival[wh] < t - window:
             work[inst[wh]] -= pre[wh]
             wh += 1
-        while events and events[0][0] <= t - delay:
-            _, i, b, stored = events.popleft()
-            (stale[i].add if stored else stale[i].discard)(b)
-        if kind == 1 and ttl > 0:
-            for v in views:
-                while v and next(iter(v.values())) < t - ttl:
-                    v.popitem(last=False)
+        view.advance(t)
         s, h = offsets[r], hittable[r]
         ids = flat[s:offsets[r + 1]]
         if given[0] >= 0:
             k = min(range(n), key=lambda i: (running[i], i))
             hits[r] = int(given[r])
         else:
-            held = [(lambda i: (lambda b: b in pols[i])) , (lambda i: views[i].__contains__),
-                    (lambda i: stale[i].__contains__)][kind]
-            match = np.array([_run(ids, h, held(i)) for i in range(n)], np.int64)
+            match = (np.array([_run(ids, h, pols[i].__contains__) for i in range(n)], np.int64) if kind == 0
+                     else view.match(ids, h))
             if spec["code"] == R_ROUND_ROBIN:
                 k = r % n
             else:
                 sizes = [len(p) for p in pols]
-                vsize = np.array([len(views[i]) if kind == 1 else sizes[i] for i in range(n)], np.int64)
+                vsize = np.array([view.size(i) if kind == 1 else sizes[i] for i in range(n)], np.int64)
                 k = int(decide(spec["code"], prm, st, match, h, tokens[r], outs[r], np.array(running, np.int64),
                                np.array([max(0.0, f - t) for f in free_at]),
                                np.array([x / cap if cap > 0 else 0.0 for x in sizes]), vsize,
@@ -83,16 +75,12 @@ def reference(spec: dict, policy: str) -> tuple:
                 new = ids[j] not in pols[k]
                 pols[k].access(Unit(ids[j], 1, j * bs, bs, ids[j - 1] if j else None))
                 if new and kind == 2:
-                    events.append((t, k, ids[j], True))
-                if kind == 1:
-                    views[k].pop(ids[j], None)
-                    views[k][ids[j]] = t
+                    view.stored(t, k, [ids[j]])
+            view.routed(t, k, ids[:inserted[r]])
             while cap >= 0 and pols[k].size > cap:
                 b = pols[k].victim()
                 if kind == 2:
-                    events.append((t, k, b, False))
-            while kind == 1 and vcap >= 0 and len(views[k]) > vcap:
-                views[k].popitem(last=False)
+                    view.removed(t, k, [b])
         inst[r] = k
         pre.append(_prefill(prm, hits[r] * bs, tokens[r] - hits[r] * bs))
         free_at[k] = max(t, free_at[k]) + pre[r]
