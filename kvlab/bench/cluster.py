@@ -7,8 +7,7 @@ counts the time other processes held the core."""
 
 from __future__ import annotations
 
-import time
-
+from ..primitives import timing
 from .settings import Settings
 from .table import Table, median_range, spread, timed
 
@@ -35,9 +34,9 @@ def bench_cluster(n_requests: int = 1_000_000, instances: int = 8, capacity_toke
     results = {}
     for _ in range(max(1, repeats)):
         for router, view in CONTENDERS:
-            c0 = time.process_time()
+            c0 = timing.cpu()
             out, t = timed(lambda: simulate_cluster(trace, instances, router, view, capacity_tokens), 1)
-            cpu[f"{router}/{view}"].append(time.process_time() - c0)
+            cpu[f"{router}/{view}"].append(timing.cpu() - c0)
             seconds[f"{router}/{view}"] += t
             results[f"{router}/{view}"] = out.json()
     runs = {k: {"seconds": spread(seconds[k]), "cpu_seconds": spread(cpu[k]), "requests": n_requests,

@@ -13,12 +13,14 @@ from .routers import CEILINGS, ROUTER_NAMES, ROUTERS, VIEWS, RouterInfo, check_r
 from .service import ServiceModel
 
 __all__ = ["ROUTERS", "ROUTER_NAMES", "CEILINGS", "VIEWS", "RouterInfo", "ServiceModel", "check_router",
-           "check_view", "simulate_cluster", "ClusterResult"]
+           "check_view", "simulate_cluster", "ClusterResult", "route", "Router", "up", "Cluster"]
+_LAZY = {"simulate_cluster": "simulate", "ClusterResult": "simulate", "route": "router", "Router": "router",
+         "up": "launch", "Cluster": "launch"}
 
 
 def __getattr__(name):
-    if name in ("simulate_cluster", "ClusterResult"):
-        from . import simulate
+    if name in _LAZY:
+        import importlib
 
-        return getattr(simulate, name)
+        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

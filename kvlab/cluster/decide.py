@@ -258,6 +258,20 @@ def decide(code, prm, st, match, nblk, prompt, out, running, wait, usage, vsize,
     return -1
 
 
+def mix64(x: np.ndarray) -> np.ndarray:
+    """:func:`splitmix` over a uint64 array, in numpy (no compilation).
+
+    Example:
+        >>> int(mix64(np.array([7], np.uint64))[0]) == int(splitmix(7))
+        True
+    """
+    with np.errstate(over="ignore"):
+        z = np.asarray(x).astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return z ^ (z >> np.uint64(31))
+
+
 def session_ring(n: int, vnodes: int = 100, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """A consistent-hash ring of ``n`` instances with ``vnodes`` points each: (sorted positions
     as uint64, each point's instance). Removing an instance moves only its own sessions.

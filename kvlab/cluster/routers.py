@@ -158,3 +158,18 @@ def rule_params(info: RouterInfo, overrides: dict | None = None) -> list[float]:
                              f"{', '.join(values) or 'none'}")
         values[k] = v
     return [float(v) for v in values.values()]
+
+
+def approximate_view(info: RouterInfo | None, cap_blocks: int, block_size: int) -> tuple[int, float]:
+    """How the rule's approximate view forgets: (blocks it keeps per instance, -1 for no bound;
+    seconds a block lives unused, 0 for no TTL). ``cap_blocks``: the instance's capacity (-1: none).
+
+    Example:
+        >>> approximate_view(check_router("llmd_weighted"), -1, 16)
+        (31250, 0.0)
+    """
+    kind, size, ttl = info.approximate if info else ("none", None, 0.0)
+    if kind == "none":
+        return -1, 0.0
+    named = {None: -1, "instance": cap_blocks, "llmd": LLMD_LRU_BLOCKS}
+    return (named[size] if size is None or isinstance(size, str) else int(size) // block_size), float(ttl)

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import hashlib
 import html
-import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,10 +28,11 @@ import polars as pl
 
 from ..errors import KvlabError, TraceError
 from ..policies import POLICIES
+from ..primitives import timing
 from .caches import MAX_INSTANCES, new_caches, slots_for
-from .decide import session_ring
+from .decide import mix64, session_ring
 from .kernel import cluster_kernel
-from .routers import LLMD_LRU_BLOCKS, check_router, check_view, rule_params
+from .routers import approximate_view, check_router, check_view, rule_params
 from .service import ServiceModel
 
 COMPILED = ("lru", "fifo", "infinite")
@@ -75,7 +75,7 @@ def simulate_cluster(source, instances: int, router: str = "round_robin", view: 
     """Route ``source`` (a Trace, a trace path, a Workload or token-id lists) over ``instances``
     instances (module docstring). ``router``: kvlab.cluster.routers.ROUTER_NAMES; ``view``:
     precise, approximate or stale:D; ``router_params`` override a rule's defaults."""
-    start = time.perf_counter()
+    clock = timing.timed()
     spec = prepare(source, instances, router, view, capacity_tokens, policy, block_size, load=load,
                    service=service, requests=requests, router_params=router_params, tokenizer=tokenizer, seed=seed)
     if engine not in ("auto", "numba", "python"):
@@ -84,7 +84,7 @@ def simulate_cluster(source, instances: int, router: str = "round_robin", view: 
     if engine == "numba" and python:
         raise KvlabError(f"policy {policy!r} has no compiled cluster kernel (lru, fifo do); use engine='auto'")
     out = run(spec, policy, python)
-    return _result(spec, out, time.perf_counter() - start)
+    return _result(spec, out, clock.done())
 
 
 def prepare(source, instances, router, view, capacity_tokens, policy, block_size, *, load=1.0, service=None,
@@ -112,11 +112,7 @@ def prepare(source, instances, router, view, capacity_tokens, policy, block_size
     cap = -1 if cap_tokens is None else cap_tokens // bs
     service = service or ServiceModel()
     prm = np.array(service.slots(bs) + (rule_params(info, router_params) if info else []), np.float64)
-    vkind, vsize, ttl = info.approximate if info else ("none", None, 0.0)
-    named = {None: -1, "instance": cap, "llmd": LLMD_LRU_BLOCKS}
-    vcap = named[vsize] if vsize is None or isinstance(vsize, str) else int(vsize) // bs
-    if vkind == "none":
-        vcap = -1
+    vcap, ttl = approximate_view(info, cap, bs)
     arrival = _arrivals(trace) / float(load)
     max_ins = int(rep.inserted.max()) if len(rep.inserted) else 0
     window_s = float(info.params.get("window_s", 0.0)) if info else 0.0
@@ -248,15 +244,6 @@ def _sessions(trace, rep) -> np.ndarray:
     has = np.diff(rep.offsets) > 0
     first[has] = rep.flat[rep.offsets[:-1][has]]
     return mix64(first.astype(np.uint64))
-
-
-def mix64(x: np.ndarray) -> np.ndarray:
-    """kvlab.cluster.decide.splitmix over a uint64 array (vectorised)."""
-    with np.errstate(over="ignore"):
-        z = x.astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15)
-        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        return z ^ (z >> np.uint64(31))
 
 
 def _window_blocks(arrival: np.ndarray, inserted: np.ndarray, window: float) -> int:

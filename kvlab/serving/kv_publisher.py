@@ -19,7 +19,10 @@ can serve from the start of a prompt. What each store publishes:
 
 A drain's changes go out as one KVEventBatch: removals, then stores in prefix order (a block's
 parent before it). The socket binds the address given (port 0: a free one, see ``endpoint``);
-subscribers connect. Sequence numbers start at 0; no replay socket.
+subscribers connect. Sequence numbers start at 0; no replay socket. The socket is an XPUB (to a
+SUB it is vLLM's PUB): it counts the subscriptions it has seen (``info()["subscribed"]``), so a
+router can wait until its subscription is in before it sends traffic (a SUB that joins late misses
+what was published before).
 
 Example:
     >>> with kv.serve("tiny", "paged", kv_events="tcp://127.0.0.1:0") as server:
@@ -53,8 +56,10 @@ class KVEventPublisher:
         self.store, self.block_size, self.topic = store, int(block_size), topic
         self.mode = self._mode(store)
         self._ctx = zmq.Context.instance()
-        self._pub = self._ctx.socket(zmq.PUB)
+        self._pub = self._ctx.socket(zmq.XPUB)
         self._pub.setsockopt(zmq.LINGER, 0)
+        self._pub.setsockopt(zmq.XPUB_VERBOSE, 1)  # every subscriber's subscription, not only the first
+        self.subscribed = 0
         addr = endpoint[:-2] + ":*" if endpoint.endswith(":0") else endpoint
         try:
             self._pub.bind(addr)
@@ -172,9 +177,16 @@ class KVEventPublisher:
 
     # -- reading / stopping -----------------------------------------------------------------------
     def info(self) -> dict:
-        """What ``/kvlab/stats`` says under ``kv_events``: where, which format, the block size."""
-        return {"endpoint": self.endpoint, "format": f"vllm {fmt.VLLM_VERSION}", "block_size": self.block_size,
-                "topic": self.topic, "seq": self.seq, "blocks": len(self.published), "view": self.mode}
+        """What ``/kvlab/stats`` says under ``kv_events``: where, which format, the block size, the
+        batches sent (``seq``) and the subscriptions seen."""
+        import zmq
+
+        with self._lock:
+            while not self._pub.closed and self._pub.poll(0, zmq.POLLIN):
+                self.subscribed += self._pub.recv()[:1] == b"\x01"  # \x00: an unsubscription
+            return {"endpoint": self.endpoint, "format": f"vllm {fmt.VLLM_VERSION}", "block_size": self.block_size,
+                    "topic": self.topic, "seq": self.seq, "blocks": len(self.published), "view": self.mode,
+                    "subscribed": self.subscribed}
 
     def close(self) -> None:
         with self._lock:

@@ -9,6 +9,7 @@ import time
 from typing import Any, Optional, Union
 
 import pytest
+from kv_helpers import finished_inserts
 
 import kvlab as kv
 from kvlab.keys import cache_key
@@ -83,18 +84,6 @@ class Subscriber:
         self.sock.close(linger=0)
 
 
-def finished_inserts(server, n, timeout=30.0):
-    """Wait until mlx-lm's final insert (prompt + output) of the n-th request has been drained: it
-    comes after the response (kvlab.serving.generator), and its events are published in the drain."""
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        ev = server.events
-        if ev.filter((ev["event"] == "offer") & (ev["segment"] == "assistant")).height >= n:
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"request {n}'s final insert never came")
-
-
 def ext(ids, n=None):
     return {fmt.external_hash(h) for h in cache_key(from_ids(ids)).block_hashes(16, n)}
 
@@ -103,7 +92,12 @@ def ext(ids, n=None):
 def test_events_are_vllm_0_10_2_and_match_what_the_store_holds(start, client, store):
     server = start(store, kv_events="tcp://127.0.0.1:0", budget="4MiB" if store == "paged" else None)
     sub = Subscriber(server.kv_events.endpoint)
-    time.sleep(0.3)  # a SUB socket joins late: ZMQ drops what was published before it connected
+    # a SUB joins late (ZMQ drops what was published before its subscription is in): wait until the
+    # publisher has seen it (mutant: a PUB that cannot tell, where the first batch may be lost)
+    end = time.monotonic() + 30
+    while server.kv_events.info()["subscribed"] < 1:
+        assert time.monotonic() < end, "the subscription never reached the publisher"
+        time.sleep(0.01)
     texts = ["The quick brown fox jumps over the lazy dog. " * 6]
     texts.append(texts[0] + "Then it naps in the warm afternoon sun for hours. " * 5)
     c = client(server)
