@@ -23,8 +23,8 @@ from dataclasses import replace
 
 from .. import device
 from ..errors import KvlabError
-from . import (blas, cluster, exp, hashing, memory, policies, proxy, quantization, served_checkpoints, serving,
-               simulator, snapshot, tiers, ttft, vlm_peers)
+from . import (blas, cluster, exp, hashing, memory, policies, proxy, quantization, route, served_checkpoints,
+               serving, simulator, snapshot, tiers, ttft, vlm_peers)
 from .families import checkpoint_policies, conformance
 from .families_cache import hybrid_ttft, sliding_bytes
 from .settings import Settings
@@ -47,6 +47,7 @@ REGISTRY = {
     "serving": serving,
     "served_checkpoints": served_checkpoints,
     "proxy": proxy,
+    "route": route,
     "tiers": tiers,
     "conformance": conformance,
     "checkpoint_policies": checkpoint_policies,

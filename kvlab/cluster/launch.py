@@ -16,12 +16,14 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import KvlabError
+from ..primitives import timing
 from ..primitives.display import summary_html, table_html
 from ..serving.peer_server import PeerServer, free_port, launch
 from ..serving.peers import start_kvlab_serve
@@ -38,6 +40,7 @@ class Cluster:
     router: PeerServer
     policy: str
     view: str
+    _answered: dict = field(default_factory=dict, repr=False)
 
     @property
     def url(self) -> str:
@@ -46,6 +49,21 @@ class Cluster:
     @property
     def pids(self) -> list[int]:
         return [s.pid for s in self.instances] + [self.router.pid]
+
+    def settle(self, upstream: str, i: int = 0, timeout: float = 60.0) -> None:
+        """Wait until the instance at ``upstream`` has made the final insert (prompt + output) of
+        every request it answered, read from its ``/kvlab/events`` offer rows: what a replay waits
+        for before it sends the next request (``realrun.run_through(..., settle=cluster.settle)``)."""
+        self._answered[upstream] = n = self._answered.get(upstream, 0) + 1
+        deadline = timing.deadline(timeout)
+        while True:
+            with urllib.request.urlopen(f"{upstream}/kvlab/events", timeout=30) as r:
+                rows = json.loads(r.read())["events"]
+            if sum(e["event"] == "offer" and e["segment"] == "assistant" for e in rows) >= n:
+                return
+            if deadline.expired():
+                raise KvlabError(f"{upstream} has not stored request {n}'s prompt + output within {timeout} s")
+            time.sleep(0.02)
 
     def rows(self, sync: bool = True) -> list[dict]:
         """The router's ``GET /kvlab/route`` rows (``sync``: once its view holds every event)."""

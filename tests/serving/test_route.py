@@ -127,7 +127,7 @@ def test_the_simulator_routes_and_reuses_as_the_real_cluster(routed, tiny, polic
     # one request at a time, a second apart: nothing queues in the model either
     trace = kv.traces.from_requests(ids, 1, 16, timestamps=[1000 * i for i in range(len(ids))])
     sim = kv.simulate(trace, instances=2, router=policy, view=view, capacity_tokens=4096).requests
-    # mutant "the live router's view records the hittable blocks, not the full ones": decisions part
+    # mutant checked: an approximate view that records all but the last full block parts sglang's choices
     assert [row["instance"] for row in rows] == sim["instance"].to_list()
     assert [row["reused_tokens"] for row in rows] == sim["hit_tokens"].to_list()
     assert [row["view_match_tokens"] for row in rows] == sim["view_match_tokens"].to_list()
