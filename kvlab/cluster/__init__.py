@@ -9,10 +9,11 @@ Example:
     ClusterResult(preble_e2/precise x8: ...)
 """
 
-from .routers import CEILINGS, ROUTER_NAMES, ROUTERS, VIEWS, RouterInfo, check_router, check_view
+from .routers import (CACHE_AWARE, CEILINGS, LOAD_ONLY, ROUTER_NAMES, ROUTERS, VIEWS, RouterInfo, check_router,
+                      check_view)
 from .service import ServiceModel
 
-__all__ = ["ROUTERS", "ROUTER_NAMES", "CEILINGS", "VIEWS", "RouterInfo", "ServiceModel", "check_router",
+__all__ = ["ROUTERS", "ROUTER_NAMES", "CEILINGS", "CACHE_AWARE", "LOAD_ONLY", "VIEWS", "RouterInfo", "ServiceModel", "check_router",
            "check_view", "simulate_cluster", "ClusterResult", "route", "Router", "up", "Cluster"]
 _LAZY = {"simulate_cluster": "simulate", "ClusterResult": "simulate", "route": "router", "Router": "router",
          "up": "launch", "Cluster": "launch"}

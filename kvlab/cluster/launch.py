@@ -16,17 +16,16 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import KvlabError
-from ..primitives import timing
 from ..primitives.display import summary_html, table_html
 from ..serving.peer_server import PeerServer, free_port, launch
 from ..serving.peers import start_kvlab_serve
+from .realrun import settler
 from .routers import check_router, check_view
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,7 +39,7 @@ class Cluster:
     router: PeerServer
     policy: str
     view: str
-    _answered: dict = field(default_factory=dict, repr=False)
+    _settle: object = field(default_factory=settler, repr=False)
 
     @property
     def url(self) -> str:
@@ -50,20 +49,11 @@ class Cluster:
     def pids(self) -> list[int]:
         return [s.pid for s in self.instances] + [self.router.pid]
 
-    def settle(self, upstream: str, i: int = 0, timeout: float = 60.0) -> None:
-        """Wait until the instance at ``upstream`` has made the final insert (prompt + output) of
-        every request it answered, read from its ``/kvlab/events`` offer rows: what a replay waits
-        for before it sends the next request (``realrun.run_through(..., settle=cluster.settle)``)."""
-        self._answered[upstream] = n = self._answered.get(upstream, 0) + 1
-        deadline = timing.deadline(timeout)
-        while True:
-            with urllib.request.urlopen(f"{upstream}/kvlab/events", timeout=30) as r:
-                rows = json.loads(r.read())["events"]
-            if sum(e["event"] == "offer" and e["segment"] == "assistant" for e in rows) >= n:
-                return
-            if deadline.expired():
-                raise KvlabError(f"{upstream} has not stored request {n}'s prompt + output within {timeout} s")
-            time.sleep(0.02)
+    def settle(self, upstream: str, i: int = 0) -> None:
+        """Wait until the instance at ``upstream`` has stored the prompt + output of every request
+        it answered: what a replay waits for before its next request
+        (``realrun.run_through(cluster.url, texts, settle=cluster.settle)``)."""
+        self._settle(upstream, i)
 
     def rows(self, sync: bool = True) -> list[dict]:
         """The router's ``GET /kvlab/route`` rows (``sync``: once its view holds every event)."""

@@ -124,6 +124,33 @@ def prefix_texts(tokenizer, groups: int = 3, per_group: int = 8, *, base_words: 
     return texts
 
 
+def wait_stored(upstream: str, n: int, timeout: float = 60.0) -> None:
+    """Wait until the kvlab serve at ``upstream`` has stored the prompt + output of its ``n``-th
+    request (its ``/kvlab/events`` offer rows: mlx-lm makes that insert just after the response)."""
+    import time
+
+    deadline = timing.deadline(timeout)
+    while True:
+        rows = _get(f"{upstream}/kvlab/events")["events"]
+        if sum(e["event"] == "offer" and e["segment"] == "assistant" for e in rows) >= n:
+            return
+        if deadline.expired():
+            raise KvlabError(f"{upstream} has not stored request {n}'s prompt + output within {timeout} s")
+        time.sleep(0.02)
+
+
+def settler(timeout: float = 60.0):
+    """A ``settle(upstream, i)`` for :func:`run_through` that counts what each instance answered
+    and waits for its store to hold it (:func:`wait_stored`)."""
+    answered: dict[str, int] = {}
+
+    def settle(upstream: str, i: int = 0) -> None:
+        answered[upstream] = answered.get(upstream, 0) + 1
+        wait_stored(upstream, answered[upstream], timeout)
+
+    return settle
+
+
 def _get(url: str) -> dict:
     with urllib.request.urlopen(url, timeout=60) as r:
         return json.loads(r.read())

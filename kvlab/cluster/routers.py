@@ -119,6 +119,8 @@ ROUTERS = {r.name: r for r in (
     _r("mooncake_ttft", d.R_MOONCAKE, source="Mooncake conductor (FAST'25)"),
 )}
 LLMD_LRU_BLOCKS = 31_250  # llm-d's approximate prefix scorer: entries kept per server
+CACHE_AWARE = tuple(r for r, info in ROUTERS.items() if info.cache_aware)
+LOAD_ONLY = tuple(r for r, info in ROUTERS.items() if not info.cache_aware)
 CEILINGS = ("shared", "optimal")
 ROUTER_NAMES = tuple(ROUTERS) + CEILINGS
 VIEWS = ("precise", "approximate", "stale:D")

@@ -19,6 +19,7 @@ from kv_helpers import finished_inserts
 from sse_events import sse_events
 
 import kvlab as kv
+from kvlab.cluster.realrun import prefix_texts
 from kvlab.errors import BlockSizeError, KvlabError
 from kvlab.primitives import timing
 from kvlab.primitives.kv_events import external_hash
@@ -100,23 +101,10 @@ def test_a_cache_aware_rule_keeps_each_conversation_on_one_instance_round_robin_
     assert sum(map(sum, reused2.values())) < sum(map(sum, reused.values()))
 
 
-def workload(tiny) -> list[str]:
-    """Three prefix groups of four prompts each, interleaved; no prompt is 16k + 15 tokens long
-    (the server also caches the one token it generates, the simulator only the prompt's blocks)."""
-    texts = []
-    for j in range(4):
-        for g, opener in enumerate(OPENERS):
-            t = opener + " a few words." + "".join(f" Then part {k} of group {g} follows on." for k in range(j))
-            while len(tiny.tokenizer.encode(t)) % 16 == 15:
-                t += " Yes."
-            texts.append(t)
-    return texts
-
-
 @pytest.mark.parametrize("policy, view", [("llmd_weighted", "precise"), ("sglang_cache_aware", "approximate"),
                                           ("round_robin", "precise")])
 def test_the_simulator_routes_and_reuses_as_the_real_cluster(routed, tiny, policy, view):
-    texts = workload(tiny)
+    texts = prefix_texts(tiny.tokenizer, groups=3, per_group=4, base_words=24, step_words=8)
     r, servers = routed(2, policy, view, capacity_tokens=4096)
     served = [0, 0]
     for t in texts:
