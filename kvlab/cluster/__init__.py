@@ -19,9 +19,14 @@ _LAZY = {"simulate_cluster": "simulate", "ClusterResult": "simulate", "route": "
          "up": "launch", "Cluster": "launch"}
 
 
-def __getattr__(name):
-    if name in _LAZY:
-        import importlib
+_SUBMODULES = ("grid", "fleet", "realrun", "launch", "router", "live", "views", "feed", "simulate")
 
+
+def __getattr__(name):
+    import importlib
+
+    if name in _LAZY:
         return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    if name in _SUBMODULES:
+        return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -17,27 +17,33 @@ Rules (``ROUTERS``):
   least loaded worker, not the smallest tree, which sent all traffic to one busy worker) and
   ``fix_rebalance`` (sglang PR 32195: when imbalanced, keep the longest match among workers
   within ``balance_abs_threshold`` of the least load instead of throwing locality away).
-- ``ray_prefix_affinity``: Ray Serve's ``PrefixCacheAffinityRouter``: if the queue lengths differ
-  by more than ``imbalanced_threshold`` (10) fall back to power of two; else the replicas with
-  the highest match rate if it is >= ``match_rate_threshold`` (0.1), else those with the
-  smallest tree, the least loaded among them. Its prefix tree evicts only when ``do_eviction``
-  is set (default off): approximate view unbounded.
+- ``ray_prefix_affinity``: Ray Serve's ``PrefixCacheAffinityRouter`` (``ray/llm/_internal/serve/
+  request_router/prefix_aware/prefix_aware_router.py``, defaults read there): if the longest and
+  shortest queues differ by more than ``imbalanced_threshold`` (10) fall back to power of two;
+  else the replicas with the highest match rate if it is >= ``match_rate_threshold`` (0.1), else
+  those with the smallest tree, the least loaded among them. Its prefix tree evicts only when
+  ``do_eviction`` is set (default False; then at 400,000 characters): approximate view unbounded.
 - ``aibrix_prefix``: AIBrix's ``prefix-cache`` router (``pkg/plugins/gateway/algorithms/
-  prefix_cache.go``): least running requests if ``max - min`` > 8
+  prefix_cache.go``, defaults read there): least running requests if ``max - min`` > 8
   (``AIBRIX_PREFIX_CACHE_POD_RUNNING_REQUEST_IMBALANCE_ABS_COUNT``); else the pod with the
   highest prefix match whose running count is within mean + 1 standard deviation
-  (``STANDARD_DEVIATION_FACTOR``), else the least loaded. Its index forgets by age: kvlab's
-  approximate view drops a block unused for ``ttl_s`` = 1200 s.
+  (``..._STANDARD_DEVIATION_FACTOR``), else the least loaded. Its hash table forgets a block
+  unused for ``AIBRIX_PREFIX_CACHE_EVICTION_DURATION_MINS`` = 20 min: the approximate view's TTL
+  of 1200 s (its cap of 200,000 blocks over all pods is not modelled).
 - ``llmd_weighted``: llm-d's precise prefix-cache scorer with the queue and KV-cache usage
-  scorers, weights 2 / 1 / 1 (llm-d ``precise-prefix-cache-routing`` guide): prefix = the
-  longest run of cached blocks from the prompt's start over its blocks, queue = (max - q) /
+  scorers, weights 2 / 1 / 1 (llm-d's precise-prefix-cache-routing configuration:
+  precise-prefix-cache-scorer 2.0, kv-cache-utilization-scorer 1.0, queue-scorer 1.0): prefix =
+  the longest run of cached blocks from the prompt's start over its blocks, queue = (max - q) /
   (max - min), KV = 1 - usage; the highest total wins. Fed by vLLM's KV events; its approximate
-  scorer keeps an LRU of 31,250 blocks per server.
+  scorer (gateway-api-inference-extension ``plugins/multi/prefix/plugin.go``) keeps an LRU of
+  ``DefaultLRUCapacityPerServer`` = 31,250 blocks per server (``maxPrefixBlocksToMatch`` = 256
+  is not modelled).
 - ``dynamo_cost``: NVIDIA Dynamo's KV router (``lib/llm/src/kv_router/scheduler.rs``): minimise
   ``overlap_score_weight`` (1.0) x prefill blocks not cached + decode blocks (the blocks of the
   worker's active requests, this one's included); ``router_temperature`` > 0 samples from a
-  softmax of the normalised costs (default 0: argmin). Without events its approximate indexer
-  forgets a routed block after a TTL of 120 s.
+  softmax of the normalised costs (default 0: argmin). Without events (``--no-router-kv-events``)
+  its indexer forgets a routed block after ``--router-ttl-secs`` = 120 s (its tree cap of 2^20
+  blocks, ``--router-max-tree-size``, is not modelled).
 - ``preble_e2``: Preble's E2 (ICLR 2025, "Preble: Efficient Distributed Prompt Scheduling for
   LLM Serving"): exploit when the longest cached prefix is longer than the new part (route
   there), else explore: the instance with the least load, the prefill seconds routed to it in
