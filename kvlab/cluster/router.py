@@ -20,8 +20,9 @@ sees the previous turn.
 
 Bad input is refused at start: an upstream that does not answer (named), a precise view over an
 upstream without KV events, events of another block size than ``block_size`` (every match would
-be zero). An instance that stops answering is marked down and its requests go to the others; with
-none left the client gets a 502 naming every instance and why.
+be zero). An instance that stops answering is marked down and its requests go to the others (if it
+never received them; one it received and then failed gets a 502, never a second run); with none
+left the client gets a 502 naming every instance and why.
 
 Example:
     >>> with kv.serve(m, "paged", kv_events="tcp://127.0.0.1:0") as a, \\
@@ -104,10 +105,16 @@ class Router(Proxy):
             except (OSError, ValueError) as e:
                 raise KvlabError(f"the upstream {t.url} does not answer GET /health ({e}); start it first "
                                  "or drop it from --upstream") from e
-        if self.live.kind != "approximate":
-            self._subscribe()
-        self.live.warm()
-        return super().start()
+        try:
+            if self.live.kind != "approximate":
+                self._subscribe()
+            self.live.warm()
+            return super().start()
+        except BaseException:
+            if self.feed is not None:  # a refusal after subscribing leaves no thread behind
+                self.feed.close()
+                self.feed = None
+            raise
 
     def _subscribe(self) -> None:
         from .feed import EventFeed
@@ -158,16 +165,21 @@ class Router(Proxy):
             self._refused[ex.id] = []
         return None if d is None else self.targets[d.instance]
 
-    def refused(self, target, ex, cause):
+    def refused(self, target, ex, cause, sent):
         i = self.targets.index(target)
         now = timing.now()
-        log.warning("kvlab route: %s refused a request (%s): marked down", target.url, cause)
+        log.warning("kvlab route: %s failed a request (%s): marked down", target.url, cause)
         if ex is None:
             self.live.mark_down(i, cause, now)
-            return self.choose(None, None)
+            return None if sent else self.choose(None, None)
         with self._rows_lock:
             d = self._decisions.pop(ex.id, None)
             self._refused[ex.id].append(target.url)
+        if sent:  # it may have run the request: not sent again elsewhere; a 502 names it
+            if d is not None:
+                self.live.done(d)
+            self.live.mark_down(i, cause, now)
+            return None
         nxt = self.live.refused(d, cause, now) if d is not None else None
         with self._rows_lock:
             self._decisions[ex.id] = nxt

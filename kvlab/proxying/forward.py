@@ -11,7 +11,8 @@ anything else is read whole and sent with its length. ``GET /kvlab/requests`` li
 
 The upstream is the proxy's ``choose(route, exchange)`` (a Proxy has one; a router,
 kvlab.cluster.router, picks one per request and names it in the response's headers); one that
-cannot be reached before it answered goes to ``refused(...)``, which may name another to try.
+that cannot be reached goes to ``refused(...)``, which may name another to try (only when the
+request was not sent: one the upstream received is never run twice).
 
 Bad input: an upstream that cannot be reached answers 502 with a JSON error naming its URL and the
 cause (Anthropic's error shape on /v1/messages, OpenAI's elsewhere); a client that leaves
@@ -106,15 +107,16 @@ class ProxyHandler(BaseHTTPRequestHandler):
     def _relay(self, route: str, raw: bytes | None, ex, question=None) -> None:
         self.target, tried = self.px.choose(route, ex), []
         while self.target is not None:
-            conn = self.px.connect(self.target)
+            conn, sent = self.px.connect(self.target), False
             try:
                 conn.request(self.command, self.target.base_path + self.path, body=raw, headers=self._headers(raw))
+                sent = True
                 resp = conn.getresponse()
                 break
             except (OSError, http.client.HTTPException) as e:
                 self.px.release(conn)
                 tried.append((self.target.url, _cause(e)))
-                self.target = self.px.refused(self.target, ex, _cause(e))
+                self.target = self.px.refused(self.target, ex, _cause(e), sent)
         else:
             msg = self.px.unreachable(tried)
             log.warning("kvlab proxy: %s", msg)

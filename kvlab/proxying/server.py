@@ -115,8 +115,9 @@ class Proxy(Listening):
         """Where a request goes (a proxy has one upstream; a router picks one per request)."""
         return self.target
 
-    def refused(self, target: "Upstream", ex, cause: str) -> "Upstream | None":
-        """Where a request goes after ``target`` could not be reached: nowhere (a 502)."""
+    def refused(self, target: "Upstream", ex, cause: str, sent: bool) -> "Upstream | None":
+        """Where a request goes after ``target`` could not be reached (``sent``: after it received
+        the request): nowhere (a 502)."""
         return None
 
     def unreachable(self, tried: list) -> str:

@@ -11,6 +11,8 @@ import re
 import signal
 import subprocess
 import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
@@ -170,6 +172,40 @@ def test_a_dead_instance_is_marked_down_its_requests_go_elsewhere_then_a_502_nam
         message = third.json()["error"]["message"]
         assert a.url in message and b.url in message and "connection refused" in message
         assert r.listing()[2]["status"] == "upstream_unreachable"  # never lost silently
+
+
+class Dropper(BaseHTTPRequestHandler):
+    """An upstream that answers /health and then drops every request it receives, unanswered."""
+
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.close_connection = True  # no response: the client sees the connection close
+
+    def log_message(self, *args):
+        pass
+
+
+def test_a_request_an_instance_received_and_dropped_gets_a_502_not_a_second_run(start):
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Dropper)
+    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    dropper, a = f"http://127.0.0.1:{httpd.server_address[1]}", start("paged")
+    try:
+        with kv.cluster.route([dropper, a.url], "round_robin", "approximate") as r:
+            resp = httpx.post(r.url + COMP, json={"model": "tiny", "prompt": "Hi.", "max_tokens": 1}, timeout=60)
+            # mutant "retry whatever failed": a runs it too (200), a request run twice
+            assert resp.status_code == 502 and dropper in resp.json()["error"]["message"]
+            assert a.stats()["requests"] == 0 and r.listing()[0]["refused_by"] == [dropper]
+            assert r.describe()["instances"][0]["up"] is False
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join()
 
 
 def test_the_router_refuses_at_start_what_would_fail_silently(start, tiny):
