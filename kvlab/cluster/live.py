@@ -43,7 +43,8 @@ from .views import BlockViews
 class Decision:
     """Where one request went and why: the ``instance``, the rule's ``scores`` and the view's
     ``match`` (blocks) per instance, the request's ``hittable`` blocks, its prompt and output
-    tokens, when, and the instances that refused it first (``refused``)."""
+    tokens, when, the instances that refused it first (``refused``) and the requests already in
+    flight on the instance (``busy``)."""
 
     instance: int
     scores: list
@@ -55,6 +56,7 @@ class Decision:
     blocks: list = field(default_factory=list, repr=False)
     session: int = 0
     refused: list = field(default_factory=list)
+    busy: int = 0  # requests in flight on the chosen instance when it was chosen
 
     def __repr__(self) -> str:
         return f"Decision(instance {self.instance}, match {self.match}, refused {self.refused})"
@@ -119,7 +121,7 @@ class LiveRouting:
             if k < 0:
                 return None
             d = Decision(k, self._scores.tolist(), match.tolist(), h, int(prompt_tokens), int(out_tokens), now,
-                         list(blocks), session, list(refused))
+                         list(blocks), session, list(refused), int(self.running[k]))
             self._admit(d, now)
             return d
 

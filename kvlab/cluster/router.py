@@ -91,6 +91,7 @@ class Router(Proxy):
         self.rows: list[dict] = []
         self._decisions: dict[int, object] = {}
         self._refused: dict[int, list] = {}
+        self._warned: set[int] = set()
         self._rows_lock = threading.Lock()
 
     # -- starting ---------------------------------------------------------------------------------
@@ -205,12 +206,13 @@ class Router(Proxy):
         with self._rows_lock:
             d = self._decisions.pop(ex.id, None)
             refused = self._refused.pop(ex.id, [])
-        behind = None
+        behind = agrees = None
+        bs = self.block_size
         if d is not None:
             self.live.done(d)
             if row["status"] in RAN and self.feed is not None:
                 behind = not self._sync_one(d.instance)
-        bs = self.block_size
+            agrees = self._agrees(d, row["reused_tokens"])
         with self._rows_lock:
             self.rows.append({
                 "id": ex.id, "instance": None if d is None else d.instance,
@@ -220,8 +222,24 @@ class Router(Proxy):
                 "view_match_tokens": None if d is None else d.match[d.instance] * bs,
                 "reused_tokens": row["reused_tokens"], "scores": None if d is None else d.scores,
                 "match_tokens": None if d is None else [m * bs for m in d.match], "refused_by": refused,
-                "ttft_s": row["ttft_s"], "view_behind": behind})
+                "ttft_s": row["ttft_s"], "view_behind": behind, "view_agrees": agrees})
         return row
+
+    def _agrees(self, d, reused) -> bool | None:
+        """Whether what the instance reused fits what the precise view said it held: at least the
+        view's blocks, and one block or more only if the view had one. A disagreement with nothing
+        else in flight means the view lagged or the router's hashes are not the instance's (a salt,
+        image keys): said once per instance (a row's ``view_agrees`` says it every time)."""
+        if self.live.kind != "precise" or reused is None:
+            return None
+        held = d.match[d.instance] * self.block_size
+        ok = held <= reused and (held > 0 or reused < self.block_size)
+        if not ok and d.busy == 0 and d.instance not in self._warned:
+            self._warned.add(d.instance)
+            log.warning("kvlab route: %s reused %d tokens where the view saw %d: its view lagged, or its block "
+                        "hashes are not the router's (a salt, image keys, another hash)", self.targets[d.instance].url,
+                        reused, held)
+        return ok
 
     # -- the view's freshness ---------------------------------------------------------------------
     def sync(self) -> bool:

@@ -93,7 +93,7 @@ def test_a_cache_aware_rule_keeps_each_conversation_on_one_instance_round_robin_
     assert [row["view_match_tokens"] for row in rows] == [row["reused_tokens"] for row in rows]
     for i, s in enumerate(servers):  # the events match what each store holds
         assert r.live.blocks(i, timing.now()) == {external_hash(h) for h in s.kv_events.published}
-    assert all(row["view_behind"] is False and row["refused_by"] == [] for row in rows)
+    assert all(row["view_behind"] is False and row["view_agrees"] and row["refused_by"] == [] for row in rows)
 
     rr, servers2 = routed(2, "round_robin")
     where2, reused2 = converse(rr, servers2)
@@ -149,6 +149,24 @@ def test_routes_pass_through_streamed_and_not_with_usage_and_the_upstreams_own_d
     assert {"input_tokens", "cache_read_input_tokens"} <= set(msg.json()["usage"])
     assert [row["reused_tokens"] for row in r.wait(3)] == [0, usage["prompt_tokens_details"]["cached_tokens"],
                                                           msg.json()["usage"]["cache_read_input_tokens"]]
+
+
+def test_hashes_the_instance_does_not_share_are_said_not_hidden(start, tiny, caplog):
+    # the instance strips the billing header before it keys (--normalise); the router hashes the
+    # prompt as sent: its precise view can never match, though the instance reuses almost everything
+    server = start("paged", kv_events="tcp://127.0.0.1:0", normalise=True)
+    with kv.cluster.route([server.url], "llmd_weighted", tokenizer=tiny) as r:
+        for n, cch in enumerate(("eb6c6", "91f02"), start=1):
+            system = f"x-anthropic-billing-header: cc_version=2.1.100.7b4; cc_entrypoint=cli; cch={cch};\n" + (
+                "You are a careful assistant for a research lab. " * 4)
+            body = {"model": "tiny", "max_tokens": 2, "messages": [{"role": "system", "content": system},
+                                                                  {"role": "user", "content": "Fix the test."}]}
+            send(r, [server], CHAT, body, [n - 1])
+        rows = r.listing()
+    assert rows[1]["view_match_tokens"] == 0 and rows[1]["reused_tokens"] > 16
+    # mutant: view_agrees always True (the silent zero the issue names)
+    assert [row["view_agrees"] for row in rows] == [True, False]
+    assert "block hashes are not the router's" in caplog.text
 
 
 def test_a_dead_instance_is_marked_down_its_requests_go_elsewhere_then_a_502_names_them(start):
