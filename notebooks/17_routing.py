@@ -214,7 +214,8 @@ gaps
 # llm-d's rule on the precise view, here in this process. Prefix groups whose requests extend one
 # another, interleaved, one request at a time: send, wait for the instance's store and the
 # router's view, send the next. The simulator replays the same token ids with a ServiceModel
-# calibrated on the even-numbered requests; the odd ones check it.
+# calibrated on the even-numbered requests; the odd ones check it (each instance's first request,
+# which pays for its warm-up, is left out of both).
 
 # %%
 texts = prefix_texts(m.tokenizer, real_groups, real_per_group)
@@ -234,7 +235,7 @@ for metric in ("decisions_equal", "reused_equal", "ttft_median_s", "modelled_ttf
                  "instances": 2, "capacity_tokens": 65536, "knob": None, "metric": metric,
                  "value": float(real_summary[metric])})
 real_summary["service"], real_frame.select("request", "instance", "sim_instance", "prompt_tokens", "reused_tokens",
-                                           "sim_reused_tokens", "ttft_s", "modelled_ttft_s", "calibration")
+                                           "sim_reused_tokens", "ttft_s", "modelled_ttft_s", "role")
 
 # %% [markdown]
 # ## Results
@@ -305,6 +306,6 @@ finding = (
     f"**The real cluster** ({model}, {rs['requests']:.0f} requests, llmd_weighted/precise): routing decisions "
     f"{'equal' if rs['decisions_equal'] else 'NOT equal'} to the simulator's, reused tokens "
     f"{'equal' if rs['reused_equal'] else 'NOT equal'}; after calibration the modelled TTFT is "
-    f"{rs['ttft_median_abs_rel_error']:.0%} from the measured (median over the odd-numbered requests; "
+    f"{rs['ttft_median_abs_rel_error']:.0%} from the measured (median over the held-out requests; "
     f"tolerance 25%: {'met' if rs['ttft_median_abs_rel_error'] <= 0.25 else 'not met'}).")
 Markdown(finding)

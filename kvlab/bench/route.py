@@ -34,7 +34,8 @@ def bench_route(model: str = "smollm2", *, groups: int = 3, per_group: int = 8) 
             router_args=("--capacity-tokens", str(CAPACITY))) as cluster:
         real = run_through(cluster.url, texts, model=model, settle=cluster.settle)
     frame, s = beside(real, [tok.encode(t) for t in texts], POLICY, VIEW, instances=2, capacity_tokens=CAPACITY)
-    rows = (("requests (calibration / held out)", f"{s['requests']} ({s['requests'] - s['held_out']} / {s['held_out']})"),
+    rows = (("requests: calibration / held out / first on an instance (warm-up, left out)",
+             f"{s['calibrated']} / {s['held_out']} / {s['requests'] - s['calibrated'] - s['held_out']}"),
             ("routing decisions equal to the simulator's", str(s["decisions_equal"])),
             ("reused tokens per request equal to the simulator's", str(s["reused_equal"])),
             ("reused tokens, real / simulated", f"{int(frame['reused_tokens'].sum())} / "

@@ -8,8 +8,10 @@ event published so far), send the next. TTFT is the client's: send -> first text
 
 ``beside(real, ids, ...)`` replays the same token ids as a trace through ``kv.simulate(...,
 instances=N)`` with the arrivals ``gap_s`` apart (nothing queues, as nothing did for real), with a
-ServiceModel calibrated on the even-numbered real requests, and reports on the odd ones how far
-the modelled TTFT is from the measured one (median of |modelled - measured| / measured).
+ServiceModel calibrated (Theil-Sen, robust to requests a busy machine slowed) on the even-numbered
+real requests, and reports on the odd ones how far
+the modelled TTFT is from the measured one (median of |modelled - measured| / measured); each
+instance's first request, which pays for its warm-up, is left out of both.
 
 Example:
     >>> real = run_through(router.url, texts, model="tiny")
@@ -75,21 +77,26 @@ def beside(real: pl.DataFrame, ids, router: str, view: str = "precise", *, insta
     if len(ids) != n or [len(x) for x in ids] != real["prompt_tokens"].to_list():
         raise KvlabError("the token ids do not match what the server counted per request; tokenize the prompts "
                          "with the servers' own tokenizer")
-    if n < 4:
-        raise KvlabError(f"{n} requests are too few to calibrate on half and check on the rest; send at least 4")
-    fitted = real.filter(pl.col("request") % 2 == 0)
+    # each instance's first request pays for its warm-up (compilation, first allocations): neither
+    # fitted nor checked; then the even-numbered requests fit the model and the odd ones check it
+    first = pl.col("request") == pl.col("request").min().over("instance")
+    role = (pl.when(first).then(pl.lit("first on its instance")).when(pl.col("request") % 2 == 0)
+            .then(pl.lit("calibration")).otherwise(pl.lit("held out")))
+    real = real.with_columns(role=role)
+    fitted = real.filter(pl.col("role") == "calibration")
+    if fitted.height < 2 or real.filter(pl.col("role") == "held out").height < 1:
+        raise KvlabError(f"{n} requests are too few to calibrate on half and check on the rest; send at least 6")
     service = ServiceModel.calibrate(fitted["prompt_tokens"], fitted["reused_tokens"], fitted["ttft_s"], decode_s,
-                                     source=f"calibrated on {fitted.height} requests of a real run")
+                                     source=f"calibrated on {fitted.height} requests of a real run", robust=True)
     trace = traces.from_requests([list(x) for x in ids], 1, block_size, timestamps=[int(gap_s * 1000) * i for i in range(n)])
     sim = simulate_cluster(trace, instances, router, view, capacity_tokens, service=service).requests
     frame = real.with_columns(sim_instance=sim["instance"], sim_reused_tokens=sim["hit_tokens"],
-                              sim_view_match_tokens=sim["view_match_tokens"], modelled_ttft_s=sim["ttft_s"],
-                              calibration=pl.col("request") % 2 == 0)
-    held = frame.filter(~pl.col("calibration"))
+                              sim_view_match_tokens=sim["view_match_tokens"], modelled_ttft_s=sim["ttft_s"])
+    held = frame.filter(pl.col("role") == "held out")
     err = (held["modelled_ttft_s"] - held["ttft_s"]).abs() / held["ttft_s"]
     summary = {"requests": n, "decisions_equal": frame["instance"].to_list() == frame["sim_instance"].to_list(),
                "reused_equal": frame["reused_tokens"].to_list() == frame["sim_reused_tokens"].to_list(),
-               "service": service, "held_out": held.height,
+               "service": service, "calibrated": fitted.height, "held_out": held.height,
                "ttft_median_s": float(np.median(held["ttft_s"])),
                "modelled_ttft_median_s": float(np.median(held["modelled_ttft_s"])),
                "ttft_median_abs_rel_error": float(np.median(err))}

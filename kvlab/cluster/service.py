@@ -46,9 +46,10 @@ class ServiceModel:
 
     @classmethod
     def calibrate(cls, prompt_tokens, reused_tokens, ttft_s, decode_s: float = 0.0,
-                  source: str = "calibrated") -> "ServiceModel":
-        """Fit ``a + b·new`` (both >= 0) by least squares to measured TTFTs of requests that did
-        not queue (sent one at a time).
+                  source: str = "calibrated", robust: bool = False) -> "ServiceModel":
+        """Fit ``a + b·new`` (both >= 0) to measured TTFTs of requests that did not queue (sent one
+        at a time): least squares, or with ``robust`` Theil-Sen (the median of pairwise slopes, then
+        the median intercept), which a few requests slowed by a busy machine do not drag.
 
         Example:
             >>> ServiceModel.calibrate([100, 200, 300], [0, 0, 100], [0.2, 0.3, 0.3]).b
@@ -58,12 +59,22 @@ class ServiceModel:
         t = np.asarray(ttft_s, np.float64)
         if len(t) < 2 or not np.all(t > 0):
             raise KvlabError("calibrate needs at least two requests with a positive TTFT each")
-        (a, b), *_ = np.linalg.lstsq(np.stack([np.ones_like(new), new], axis=1), t, rcond=None)
-        if a < 0 or b < 0:  # one term alone, whichever fits better
-            b_only = float(new @ t / (new @ new)) if new @ new > 0 else 0.0
-            a_only = float(t.mean())
-            a, b = ((0.0, b_only) if np.sum((new * b_only - t) ** 2) < np.sum((a_only - t) ** 2)
-                    else (a_only, 0.0))
+        if robust:
+            i, j = np.triu_indices(len(t), 1)
+            keep = new[j] != new[i]
+            b = float(np.median((t[j] - t[i])[keep] / (new[j] - new[i])[keep])) if keep.any() else 0.0
+            a = float(np.median(t - b * new))
+        else:
+            (a, b), *_ = np.linalg.lstsq(np.stack([np.ones_like(new), new], axis=1), t, rcond=None)
+        if a < 0 or b < 0:  # one term alone, whichever fits better (by the same measure)
+            pos = new > 0
+            if robust:
+                b_only = float(np.median(t[pos] / new[pos])) if pos.any() else 0.0
+                a_only, loss = float(np.median(t)), np.abs
+            else:
+                b_only = float(new @ t / (new @ new)) if new @ new > 0 else 0.0
+                a_only, loss = float(t.mean()), np.square
+            a, b = ((0.0, b_only) if np.sum(loss(new * b_only - t)) < np.sum(loss(a_only - t)) else (a_only, 0.0))
         return cls(float(a), float(round(b, 12)), 0.0, 0.0, float(decode_s), source)
 
     def __repr__(self) -> str:

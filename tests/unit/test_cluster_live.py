@@ -61,3 +61,21 @@ def test_the_feed_counts_skipped_batches_and_waits_by_sequence():
     finally:
         feed.close()
         pub.close(linger=0)
+
+
+def test_calibration_recovers_the_cost_and_robust_is_not_dragged_by_slow_requests():
+    from kvlab.cluster import ServiceModel
+
+    new = [100, 200, 300, 400, 500, 600, 700, 800]
+    t = [0.05 + 0.002 * n for n in new]
+    exact = ServiceModel.calibrate(new, [0] * 8, t)
+    assert (round(exact.a, 9), round(exact.b, 9)) == (0.05, 0.002)  # mutant: the columns swapped
+    slow = list(t)
+    slow[1] *= 10  # one request a busy machine slowed tenfold
+    robust = ServiceModel.calibrate(new, [0] * 8, slow, robust=True)
+    assert (round(robust.a, 9), round(robust.b, 9)) == (0.05, 0.002)  # Theil-Sen ignores it
+    plain = ServiceModel.calibrate(new, [0] * 8, slow)
+    assert abs(plain.b - 0.002) > 1e-4 or abs(plain.a - 0.05) > 1e-2  # least squares is dragged
+    # reused tokens are not new work: the fit is on prompt - reused (mutant: on the prompt)
+    fit = ServiceModel.calibrate([100, 300, 400], [0, 100, 100], [0.25, 0.45, 0.65])
+    assert (round(fit.a, 9), round(fit.b, 9)) == (0.05, 0.002)
