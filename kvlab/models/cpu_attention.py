@@ -1,0 +1,118 @@
+"""kvlab's attention for Linux CPU: ``mx.fast.scaled_dot_product_attention``'s result, 5-10x sooner.
+
+On Linux CPU MLX computes attention from its own ops, and its ``exp`` is scalar: a 2,048-token
+prefill of SmolLM2 spends most of its time in softmax. ``attention(...)`` has MLX's signature and
+semantics; it hands float32 queries, keys and values to NumPy without a copy (MLX's buffer
+protocol), runs ``attention_kernel.attend`` (numba, both cores) and gives the output back to MLX
+(one copy of [B, heads, L, D]). Whatever it does not cover goes to MLX's own kernel, unchanged:
+
+- queries, keys or values not float32 (bfloat16 / float16: MLX's result rounds the scores and
+  probabilities to the half type; kvlab runs float32 on Linux CPU, ``kvlab.models.dtypes``),
+- a mask that is neither None, ``"causal"`` nor an array of at most 4 dimensions, or a causal
+  mask with more queries than keys,
+- a call inside ``mx.compile`` / ``mx.vmap`` (arrays cannot be read while tracing).
+
+Choosing it is ``kvlab.device``'s decision; ``kvlab.models.attention`` installs it.
+
+Example:
+    >>> q = mx.random.normal((1, 9, 300, 64)); k = v = mx.random.normal((1, 3, 300, 64))
+    >>> out = attention(q, k, v, scale=0.125, mask="causal")
+    >>> bool(mx.allclose(out, mlx_attention(q, k, v, scale=0.125, mask="causal"), atol=1e-5))
+    True
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import _blas
+
+_blas.load_fast_blas()  # before mlx.core
+
+import mlx.core as mx  # noqa: E402
+
+from . import attention_kernel as kernel  # noqa: E402
+
+NAME = "kvlab-cpu"
+# keys a block of query rows scores at once: rows x keys x 4 bytes stays within a core's L2
+TILE_FLOATS = 1 << 16
+_PLACEHOLDER = {np.dtype(np.bool_): np.ones((1, 1, 1, 1), np.bool_),
+                np.dtype(np.float32): np.zeros((1, 1, 1, 1), np.float32)}
+
+
+def mlx_attention(queries, keys, values, *, scale, mask=None, sinks=None):
+    """MLX's own fused attention (what every kvlab kernel is compared with)."""
+    return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale, mask=mask, sinks=sinks)
+
+
+def block_rows(keys: int) -> int:
+    """Query rows per task for ``keys`` visible keys: their scores fill about TILE_FLOATS floats.
+
+    Example:
+        >>> block_rows(2048), block_rows(100_000)
+        (32, 4)
+    """
+    return int(min(64, max(4, TILE_FLOATS // max(keys, 1))))
+
+
+def covers(queries, keys, values, mask=None, sinks=None) -> bool:
+    """Does ``attention`` compute this call itself (rather than hand it to MLX)?
+
+    Example:
+        >>> covers(mx.zeros((1, 2, 4, 8), mx.bfloat16), mx.zeros((1, 2, 4, 8)), mx.zeros((1, 2, 4, 8)))
+        False
+    """
+    arrays = (queries, keys, values) + ((sinks,) if sinks is not None else ())
+    if any(a.dtype != mx.float32 or a.ndim != (1 if a is sinks else 4) for a in arrays):
+        return False
+    if queries.shape[1] % keys.shape[1] or keys.shape[:3] != values.shape[:3] or queries.shape[3] != keys.shape[3]:
+        return False
+    if isinstance(mask, str):
+        return mask == "causal" and queries.shape[2] <= keys.shape[2]
+    if mask is None:
+        return True
+    if not isinstance(mask, mx.array) or mask.ndim > 4 or not (
+            mask.dtype == mx.bool_ or mx.issubdtype(mask.dtype, mx.floating)):
+        return False
+    scores = queries.shape[:3] + keys.shape[2:3]
+    try:
+        return mx.broadcast_shapes(mask.shape, scores) == scores
+    except ValueError:  # MLX raises its own error for it
+        return False
+
+
+def _host(a, dtype=np.float32):
+    """A C-contiguous NumPy view of ``a`` (a copy only when MLX's layout is strided)."""
+    return np.ascontiguousarray(np.asarray(a), dtype=dtype)
+
+
+def _mask_arg(mask):
+    """(mode, bool mask, additive mask): the array mask as 4-D, a broadcast dimension kept at 1."""
+    none, zeros = _PLACEHOLDER[np.dtype(np.bool_)], _PLACEHOLDER[np.dtype(np.float32)]
+    if mask is None:
+        return kernel.MODE_NONE, none, zeros
+    if isinstance(mask, str):
+        return kernel.MODE_CAUSAL, none, zeros
+    full = (1,) * (4 - mask.ndim) + mask.shape
+    if mask.dtype == mx.bool_:
+        return kernel.MODE_BOOL, _host(mask, np.bool_).reshape(full), zeros
+    return kernel.MODE_ADD, none, _host(mask.astype(mx.float32)).reshape(full)
+
+
+def attention(queries, keys, values, *, scale, mask=None, sinks=None):
+    """``mx.fast.scaled_dot_product_attention`` computed by kvlab's CPU kernel where it covers the
+    call (``covers``), else by MLX. Same arguments, same result within float32 rounding."""
+    if not covers(queries, keys, values, mask, sinks):
+        return mlx_attention(queries, keys, values, scale=scale, mask=mask, sinks=sinks)
+    try:
+        q = _host(queries)
+        kt = _host(keys.swapaxes(-1, -2))
+        v = _host(values)
+        mode, bmask, amask = _mask_arg(mask)
+        sink = np.zeros(0, np.float32) if sinks is None else _host(sinks)
+    except ValueError:  # inside mx.compile / vmap: nothing can be read here
+        return mlx_attention(queries, keys, values, scale=scale, mask=mask, sinks=sinks)
+    out = np.empty(q.shape, np.float32)
+    kernel.attend(q, kt, v, out, np.float32(scale), mode, kt.shape[3] - q.shape[2],
+                  bmask, amask, sink, block_rows(kt.shape[3]))
+    return mx.array(out)
