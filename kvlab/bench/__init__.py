@@ -94,7 +94,7 @@ def machine(dev: device.Device | None = None) -> str:
 
     Example:
         >>> machine(device.Device.for_backend("metal", info={"device_name": "Apple M2"}))  # doctest: +ELLIPSIS
-        '... cores, Python ..., metal (Apple M2), BLAS Accelerate'
+        '... cores, Python ..., metal (Apple M2), BLAS Accelerate, attention mlx'
     """
     return (f"{platform.system()} {platform.machine()}, {os.cpu_count()} cores, Python "
             f"{platform.python_version()}, {(dev or device.current()).label}")

@@ -26,33 +26,40 @@ MODE_NONE, MODE_CAUSAL, MODE_BOOL, MODE_ADD = 0, 1, 2, 3
 
 @numba.njit(fastmath=FLAGS, cache=True, inline="always")
 def _exp(x, bits):
-    """x = exp(x) in place (x <= 0 here: scores minus their max), 0 below -87.3 as float32's exp
-    underflows; Cody-Waite reduction and Cephes' expf polynomial (about 1 ulp), written without
-    branches so LLVM vectorises both loops. Returns the sum. Every loop here and in ``attend``
-    counts from 0 over a slice: numba wraps negative indices, and a loop from a runtime start
-    keeps that check and does not vectorise (10x slower, measured)."""
+    """x = exp(x) in place, returning the sum: MLX's own CPU exp (mlx/backend/cpu/simd/math.h:
+    2**(x log2 e) as a degree-6 polynomial of the fraction times 2**integer built from its bits,
+    0 below -88), the same operations in the same order, so a probability here is MLX's to the
+    bit where LLVM contracts as MLX's fma does. Branch-free, so LLVM vectorises both loops.
+    Every loop here and in ``attend`` counts from 0 over a slice: numba wraps negative indices,
+    and a loop from a runtime start keeps that check and does not vectorise (10x slower)."""
     scale = bits.view(np.float32)
     for j in range(x.shape[0]):
         v = x[j]
-        n = np.floor(v * np.float32(1.44269504088896341) + np.float32(0.5))
-        n = max(n, np.float32(-127.0))
-        r = v - n * np.float32(0.693359375)
-        r = r + n * np.float32(2.12194440e-4)
-        z = r * r
-        p = np.float32(1.9875691500e-4)
-        p = p * r + np.float32(1.3981999507e-3)
-        p = p * r + np.float32(8.3334519073e-3)
-        p = p * r + np.float32(4.1665795894e-2)
-        p = p * r + np.float32(1.6666665459e-1)
-        p = p * r + np.float32(5.0000001201e-1)
-        x[j] = np.float32(0.0) if v < np.float32(-87.3) else p * z + r + np.float32(1.0)
-        bits[j] = (np.int32(n) + np.int32(127)) << 23
+        y = v * np.float32(1.442695)
+        n = np.floor(y + np.float32(0.5))
+        f = y - n
+        p = np.float32(1.535336188319500e-4)
+        p = p * f + np.float32(1.339887440266574e-3)
+        p = p * f + np.float32(9.618437357674640e-3)
+        p = p * f + np.float32(5.550332471162809e-2)
+        p = p * f + np.float32(2.402264791363012e-1)
+        p = p * f + np.float32(6.931472028550421e-1)
+        p = p * f + np.float32(1.0)
+        x[j] = np.float32(0.0) if v < np.float32(-88.0) else p
+        bits[j] = (np.int32(max(n, np.float32(-127.0))) + np.int32(127)) << 23
     total = np.float32(0.0)
     for j in range(x.shape[0]):
         e = x[j] * scale[j]
         x[j] = e
         total += e
     return total
+
+
+@numba.njit(fastmath=FLAGS, cache=True)
+def exp_in_place(x):
+    """``x = exp(x)`` for a float32 vector of values <= 0, as the kernel computes it; returns the
+    sum (how tests check the polynomial against float64)."""
+    return _exp(x, np.empty(x.shape[0], np.int32))
 
 
 @numba.njit(cache=True, inline="always")
@@ -81,66 +88,72 @@ def _row_range(mode, brow, arow, r, S, offset):
     return lo, hi
 
 
-@numba.njit(fastmath=FLAGS, cache=True)
-def _scores(q, kt, klo, scale, s):
-    """s = scale * q @ kt[:, klo:klo + width] for q [rows, D], kt [D, S]: two rows and four of D
-    per pass, so each loaded key feeds eight multiply-adds (one at a time it is L2-bound: ~30
-    against ~60 GFLOP/s a core, measured). ``kt`` comes whole and each row is sliced here: a
-    2-D slice would be strided to numba, which then does not vectorise."""
-    rows, D = q.shape
-    width = s.shape[1]
-    s[:] = 0
+@numba.njit(fastmath=FLAGS, cache=True, inline="always")
+def _score_rows(r0, r1, q0, q1, kt, klo, width, scale, pair):
+    """r0 (and r1 if ``pair``) += scale * q0 (q1) @ kt[:, klo:klo + width], four of D per pass;
+    a lone row goes through the same additions as a paired one, so a score never depends on
+    which rows share its block."""
+    D = q0.shape[0]
     D4 = D - D % 4
-    for i in range(0, rows - rows % 2, 2):
-        r0, r1 = s[i], s[i + 1]
-        for d in range(0, D4, 4):
-            a0, a1, a2, a3 = q[i, d] * scale, q[i, d + 1] * scale, q[i, d + 2] * scale, q[i, d + 3] * scale
-            b0, b1 = q[i + 1, d] * scale, q[i + 1, d + 1] * scale
-            b2, b3 = q[i + 1, d + 2] * scale, q[i + 1, d + 3] * scale
-            k0, k1 = kt[d, klo:klo + width], kt[d + 1, klo:klo + width]
-            k2, k3 = kt[d + 2, klo:klo + width], kt[d + 3, klo:klo + width]
+    for d in range(0, D4, 4):
+        a0, a1, a2, a3 = q0[d] * scale, q0[d + 1] * scale, q0[d + 2] * scale, q0[d + 3] * scale
+        b0, b1, b2, b3 = q1[d] * scale, q1[d + 1] * scale, q1[d + 2] * scale, q1[d + 3] * scale
+        k0, k1 = kt[d, klo:klo + width], kt[d + 1, klo:klo + width]
+        k2, k3 = kt[d + 2, klo:klo + width], kt[d + 3, klo:klo + width]
+        if pair:
             for j in range(width):
                 x0, x1, x2, x3 = k0[j], k1[j], k2[j], k3[j]
                 r0[j] += a0 * x0 + a1 * x1 + a2 * x2 + a3 * x3
                 r1[j] += b0 * x0 + b1 * x1 + b2 * x2 + b3 * x3
-        for d in range(D4, D):
-            a0, b0 = q[i, d] * scale, q[i + 1, d] * scale
-            kd = kt[d, klo:klo + width]
+        else:
             for j in range(width):
-                r0[j] += a0 * kd[j]
+                r0[j] += a0 * k0[j] + a1 * k1[j] + a2 * k2[j] + a3 * k3[j]
+    for d in range(D4, D):
+        a0, b0 = q0[d] * scale, q1[d] * scale
+        kd = kt[d, klo:klo + width]
+        for j in range(width):
+            r0[j] += a0 * kd[j]
+            if pair:
                 r1[j] += b0 * kd[j]
-    if rows % 2:
-        r0 = s[rows - 1]
-        for d in range(D):
-            a0 = q[rows - 1, d] * scale
-            kd = kt[d, klo:klo + width]
-            for j in range(width):
-                r0[j] += a0 * kd[j]
 
 
 @numba.njit(fastmath=FLAGS, cache=True)
-def _weighted(p, v, acc):
-    """acc = p @ v for p [rows, width], v [width, D]: eight keys per pass against every row, so
-    the rows' sums stay in L1 and each value row is read once."""
-    rows, width = p.shape
+def _scores(q, kt, klo, width, scale, s):
+    """s[:, :width] = scale * q @ kt[:, klo:klo + width] (the rest of s: 0) for q [rows, D], kt
+    [D, S]: two rows and four of D per pass, so each loaded key feeds eight multiply-adds (one at
+    a time it is L2-bound: ~30 against ~60 GFLOP/s a core, measured). ``kt`` comes whole and each
+    row is sliced here: a 2-D slice would be strided to numba, which then does not vectorise."""
+    rows = q.shape[0]
+    s[:] = 0
+    for i in range(0, rows - rows % 2, 2):
+        _score_rows(s[i], s[i + 1], q[i], q[i + 1], kt, klo, width, scale, True)
+    if rows % 2:
+        _score_rows(s[rows - 1], s[rows - 1], q[rows - 1], q[rows - 1], kt, klo, width, scale, False)
+
+
+@numba.njit(fastmath=FLAGS, cache=True)
+def _weighted(p, v, klo, width, acc):
+    """acc = p[:, :width] @ v[klo:klo + width] for p [rows, width rounded up to 8], v [S, D]:
+    eight keys per pass against every row, so the rows' sums stay in L1 and each value row is
+    read once. ``klo`` is a multiple of 8 and the last group is padded with zero rows, so a key
+    is always summed in the same group of eight: a row's output does not depend on its block."""
+    rows = p.shape[0]
     D = v.shape[1]
     acc[:] = 0
-    W8 = width - width % 8
-    for j in range(0, W8, 8):
-        v0, v1, v2, v3, v4, v5, v6, v7 = v[j], v[j + 1], v[j + 2], v[j + 3], v[j + 4], v[j + 5], v[j + 6], v[j + 7]
+    pad = np.zeros((8, D), np.float32)
+    for j in range(0, width, 8):
+        if j + 8 <= width:
+            g = v[klo + j:klo + j + 8]
+        else:
+            pad[:width - j] = v[klo + j:klo + width]
+            g = pad
+        v0, v1, v2, v3, v4, v5, v6, v7 = g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7]
         for i in range(rows):
             pi = p[i, j:j + 8]
             ai = acc[i]
             for d in range(D):
                 ai[d] += ((pi[0] * v0[d] + pi[1] * v1[d] + pi[2] * v2[d] + pi[3] * v3[d])
                           + (pi[4] * v4[d] + pi[5] * v5[d] + pi[6] * v6[d] + pi[7] * v7[d]))
-    for j in range(W8, width):
-        vj = v[j]
-        for i in range(rows):
-            pij = p[i, j]
-            ai = acc[i]
-            for d in range(D):
-                ai[d] += pij * vj[d]
 
 
 @numba.njit(parallel=True, fastmath=FLAGS, cache=True)
@@ -170,9 +183,10 @@ def attend(q, kt, v, out, scale, mode, offset, bmask, amask, sinks, bq):
                                       i0 + i, S, offset)
             klo = min(klo, lo[i])
             khi = max(khi, hi[i])
+        klo -= klo % 8  # groups of eight keys at fixed positions (``_weighted``)
         width = khi - klo
-        s = np.empty((rows, width), np.float32)
-        _scores(q[b, h, i0:i0 + rows], kt[b, g], klo, scale, s)
+        s = np.empty((rows, (width + 7) // 8 * 8), np.float32)
+        _scores(q[b, h, i0:i0 + rows], kt[b, g], klo, width, scale, s)
         bits = np.empty(width, np.int32)
         inv = np.empty(rows, np.float32)
         for i in range(rows):
@@ -212,7 +226,7 @@ def attend(q, kt, v, out, scale, mode, offset, bmask, amask, sinks, bq):
                 total += np.float32(np.exp(np.float32(sinks[h]) - m))
             inv[i] = np.float32(1.0) / total
         acc = np.empty((rows, D), np.float32)
-        _weighted(s, v[b, g, klo:khi], acc)
+        _weighted(s, v[b, g], klo, width, acc)
         for i in range(rows):
             for d in range(D):
                 out[b, h, i0 + i, d] = acc[i, d] * inv[i]

@@ -33,7 +33,6 @@ import mlx.core as mx  # noqa: E402
 
 from . import attention_kernel as kernel  # noqa: E402
 
-NAME = "kvlab-cpu"
 # keys a block of query rows scores at once: rows x keys x 4 bytes stays within a core's L2
 TILE_FLOATS = 1 << 16
 _PLACEHOLDER = {np.dtype(np.bool_): np.ones((1, 1, 1, 1), np.bool_),
