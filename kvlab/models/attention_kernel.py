@@ -117,14 +117,37 @@ def _score_rows(r0, r1, q0, q1, kt, klo, width, scale, pair):
                 r1[j] += b0 * kd[j]
 
 
+@numba.njit(fastmath=FLAGS, cache=True, inline="always")
+def _score_row_keys(r0, q0, k, klo, width, scale):
+    """``_score_rows`` for one row from keys as they are stored ([S, D]): the same additions in
+    the same order (so the same bits), reading each key's dims with a stride. Slower per row
+    than the transposed keys (~5x), but it saves transposing the keys when a call has only a
+    few rows (a decode step)."""
+    D = q0.shape[0]
+    D4 = D - D % 4
+    for d in range(0, D4, 4):
+        a0, a1, a2, a3 = q0[d] * scale, q0[d + 1] * scale, q0[d + 2] * scale, q0[d + 3] * scale
+        for j in range(width):
+            kj = k[klo + j]
+            r0[j] += a0 * kj[d] + a1 * kj[d + 1] + a2 * kj[d + 2] + a3 * kj[d + 3]
+    for d in range(D4, D):
+        a0 = q0[d] * scale
+        for j in range(width):
+            r0[j] += a0 * k[klo + j, d]
+
+
 @numba.njit(fastmath=FLAGS, cache=True)
-def _scores(q, kt, klo, width, scale, s):
+def _scores(q, k, kt, klo, width, scale, s):
     """s[:, :width] = scale * q @ kt[:, klo:klo + width] (the rest of s: 0) for q [rows, D], kt
-    [D, S]: two rows and four of D per pass, so each loaded key feeds eight multiply-adds (one at
+    [D, S] (or, when kt is empty, the same from k [S, D]): two rows and four of D per pass, so each loaded key feeds eight multiply-adds (one at
     a time it is L2-bound: ~30 against ~60 GFLOP/s a core, measured). ``kt`` comes whole and each
     row is sliced here: a 2-D slice would be strided to numba, which then does not vectorise."""
     rows = q.shape[0]
     s[:] = 0
+    if kt.shape[1] == 0:  # no transposed keys: score from k as stored
+        for i in range(rows):
+            _score_row_keys(s[i], q[i], k, klo, width, scale)
+        return
     for i in range(0, rows - rows % 2, 2):
         _score_rows(s[i], s[i + 1], q[i], q[i + 1], kt, klo, width, scale, True)
     if rows % 2:
@@ -157,15 +180,16 @@ def _weighted(p, v, klo, width, acc):
 
 
 @numba.njit(parallel=True, fastmath=FLAGS, cache=True)
-def attend(q, kt, v, out, scale, mode, offset, bmask, amask, sinks, bq):
-    """out = softmax(scale * q @ kt + mask) @ v per head, in place.
+def attend(q, k, kt, v, out, S, scale, mode, offset, bmask, amask, sinks, bq):
+    """out = softmax(scale * q @ k[:, :, :S].T + mask) @ v[:, :, :S] per head, in place.
 
-    q, out: [B, Hq, L, D] float32; kt: [B, Hk, D, S] (keys transposed); v: [B, Hk, S, D];
+    q, out: [B, Hq, L, D] float32; k, v: [B, Hk, >= S, D] (a cache's buffers: rows past S are
+    never read); kt: k transposed, [B, Hk, D, S], or [B, Hk, 0, 0] to score from k itself;
     ``mode``: MODE_*; ``offset``: S - L (causal); ``bmask`` (bool) / ``amask`` (float32): the array
     mask, 4-D, each dimension its full size or 1 (broadcast; a 1x1x1x1 placeholder when unused);
     ``sinks``: [Hq] or empty; ``bq``: query rows per task."""
     B, Hq, L, D = q.shape
-    Hk, S = kt.shape[1], kt.shape[3]
+    Hk = k.shape[1]
     rep = Hq // Hk
     nb = (L + bq - 1) // bq
     has_sinks = sinks.shape[0] > 0
@@ -186,7 +210,7 @@ def attend(q, kt, v, out, scale, mode, offset, bmask, amask, sinks, bq):
         klo -= klo % 8  # groups of eight keys at fixed positions (``_weighted``)
         width = khi - klo
         s = np.empty((rows, (width + 7) // 8 * 8), np.float32)
-        _scores(q[b, h, i0:i0 + rows], kt[b, g], klo, width, scale, s)
+        _scores(q[b, h, i0:i0 + rows], k[b, g], kt[b, g], klo, width, scale, s)
         bits = np.empty(width, np.int32)
         inv = np.empty(rows, np.float32)
         for i in range(rows):

@@ -23,6 +23,7 @@ Example:
 
 from __future__ import annotations
 
+import numba
 import numpy as np
 
 from .. import _blas
@@ -35,6 +36,13 @@ from . import attention_kernel as kernel  # noqa: E402
 
 # keys a block of query rows scores at once: rows x keys x 4 bytes stays within a core's L2
 TILE_FLOATS = 1 << 16
+# up to this many query rows per KV head, keys are scored as stored; above it, transposed once
+# (a row against transposed keys is ~5x faster, the transpose costs about 5 rows' worth)
+KEYS_AS_STORED_ROWS = 8
+# below this many score-times-dim products a call runs on the calling thread alone: a parallel
+# region waits for its slowest thread, and on a loaded machine that is a whole scheduler slice
+# (4-16 ms measured here for a decode step that takes 1 ms alone)
+PARALLEL_WORK = 1 << 24
 _PLACEHOLDER = {np.dtype(np.bool_): np.ones((1, 1, 1, 1), np.bool_),
                 np.dtype(np.float32): np.zeros((1, 1, 1, 1), np.float32)}
 
@@ -85,6 +93,21 @@ def _host(a, dtype=np.float32):
     return np.ascontiguousarray(np.asarray(a), dtype=dtype)
 
 
+def _rows(a):
+    """[B, H, S, D] keys or values as a C-contiguous [B, H, >= S, D] NumPy view, without a copy
+    when ``a`` is the first S rows of a cache's preallocated [B, H, capacity, D] buffer (mlx-lm's
+    KVCache hands attention ``keys[..., :offset, :]``): the view is widened to the capacity,
+    whose rows past S the kernel never reads. Anything else is copied."""
+    x = np.asarray(a)
+    B, H, S, D = x.shape
+    item = x.itemsize
+    st = x.strides
+    if st[3] == item and st[2] == D * item and st[1] % st[2] == 0 and st[1] >= S * st[2] \
+            and (B == 1 or st[0] == H * st[1]):
+        return np.lib.stride_tricks.as_strided(x, (B, H, st[1] // st[2], D), (B == 1 and H * st[1] or st[0],) + st[1:])
+    return np.ascontiguousarray(x)
+
+
 def _mask_arg(mask):
     """(mode, bool mask, additive mask): the array mask as 4-D, a broadcast dimension kept at 1."""
     none, zeros = _PLACEHOLDER[np.dtype(np.bool_)], _PLACEHOLDER[np.dtype(np.float32)]
@@ -105,13 +128,23 @@ def attention(queries, keys, values, *, scale, mask=None, sinks=None):
         return mlx_attention(queries, keys, values, scale=scale, mask=mask, sinks=sinks)
     try:
         q = _host(queries)
-        kt = _host(keys.swapaxes(-1, -2))
-        v = _host(values)
+        k, v = _rows(keys), _rows(values)
         mode, bmask, amask = _mask_arg(mask)
         sink = np.zeros(0, np.float32) if sinks is None else _host(sinks)
     except ValueError:  # inside mx.compile / vmap: nothing can be read here
         return mlx_attention(queries, keys, values, scale=scale, mask=mask, sinks=sinks)
+    B, Hq, L, _ = q.shape
+    S = keys.shape[2]
+    if L * Hq // k.shape[1] <= KEYS_AS_STORED_ROWS:
+        kt = np.empty((B, k.shape[1], 0, 0), np.float32)
+    else:
+        kt = np.ascontiguousarray(np.swapaxes(k[:, :, :S], 2, 3))
     out = np.empty(q.shape, np.float32)
-    kernel.attend(q, kt, v, out, np.float32(scale), mode, kt.shape[3] - q.shape[2],
-                  bmask, amask, sink, block_rows(kt.shape[3]))
+    threads = numba.get_num_threads()
+    if B * Hq * L * (S - L // 2) * q.shape[3] < PARALLEL_WORK:
+        numba.set_num_threads(1)  # this thread's setting only
+    try:
+        kernel.attend(q, k, kt, v, out, S, np.float32(scale), mode, S - L, bmask, amask, sink, block_rows(S))
+    finally:
+        numba.set_num_threads(threads)
     return mx.array(out)
