@@ -23,8 +23,8 @@ from dataclasses import replace
 
 from .. import device
 from ..errors import KvlabError
-from . import (blas, exp, hashing, memory, policies, proxy, quantization, served_checkpoints, serving, simulator,
-               snapshot, tiers, ttft, vlm_peers)
+from . import (attention, blas, exp, hashing, memory, policies, prefill, proxy, quantization, served_checkpoints,
+               serving, simulator, snapshot, tiers, ttft, vlm_peers)
 from .families import checkpoint_policies, conformance
 from .families_cache import hybrid_ttft, sliding_bytes
 from .settings import Settings
@@ -41,6 +41,8 @@ REGISTRY = {
     "hashing": hashing,
     "simulator": simulator,
     "exp": exp,
+    "attention": attention,
+    "prefill": prefill,
     "quantization": quantization,
     "policies": policies,
     "serving": serving,

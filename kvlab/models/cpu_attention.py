@@ -32,6 +32,7 @@ _blas.load_fast_blas()  # before mlx.core
 
 import mlx.core as mx  # noqa: E402
 
+from ..primitives import timing  # noqa: E402
 from . import attention_kernel as kernel  # noqa: E402
 
 # keys a block of query rows scores at once: rows x keys x 4 bytes stays within a core's L2
@@ -50,6 +51,20 @@ _PLACEHOLDER = {np.dtype(np.bool_): np.ones((1, 1, 1, 1), np.bool_),
 def mlx_attention(queries, keys, values, *, scale, mask=None, sinks=None):
     """MLX's own fused attention (what every kvlab kernel is compared with)."""
     return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale, mask=mask, sinks=sinks)
+
+
+def warm() -> float:
+    """Compile the kernel now (numba caches it on disk beside this module; ``kvlab prepare`` calls
+    this so a first prefill, test or notebook does not wait for it). Returns the seconds taken.
+
+    Example:
+        >>> warm() < 60                                   # doctest: +SKIP
+        True
+    """
+    t = timing.timed()
+    q = mx.zeros((1, 2, 3, 4))
+    attention(q, q[:, :1], q[:, :1], scale=1.0, mask="causal")
+    return t.done()
 
 
 def block_rows(keys: int) -> int:
