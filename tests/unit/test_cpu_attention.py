@@ -94,13 +94,16 @@ def test_additive_masks_match_mlx():
 
 
 # Mutants: sinks ignored; a sink added to the numerator as if it were a key with a value; the
-# sink of head 0 used for every head.
+# sink of head 0 used for every head. A sink far above the scores takes every probability (0 out,
+# not NaN). Leaving the sink out of the row's max survives: softmax does not depend on the shift,
+# and where the sink overflows exp both give 0.
 @pytest.mark.parametrize("mask", [None, "causal", "window"])
 def test_attention_sinks_match_mlx(mask):
     B, Hq, Hk, L, S, D = 1, 8, 2, 40, 64, 32
     q, k, v = _qkv(B, Hq, Hk, L, S, D)
     m = _causal(L, S, window=16) if mask == "window" else mask
     assert _diff(q, k, v, m, sinks=_arr(Hq) * 3) <= TOL
+    assert _diff(q, k, v, m, sinks=_arr(Hq) + 200) <= TOL
 
 
 # Mutant: kvlab's kernel run on half-precision inputs in float32 (MLX rounds the scores and the
@@ -133,10 +136,14 @@ def test_the_vectorised_exp_is_mlx_exp_to_the_bit():
     assert abs(total - want.astype(np.float64).sum()) <= 1e-5 * want.sum()
 
 
-# Mutants: a block's keys grouped in eights from its own first visible key instead of fixed
-# positions, or a lone last row scored with other additions than a paired one: a row's output
-# then depends on which rows share its block, so a prompt prefilled in two pieces (or a decode
-# step) no longer gives the bits a single pass gives (cached and cold runs would drift apart).
+# Mutant caught: a few-row call (a decode step) scoring its keys with the additions in another
+# order than a block against the transposed keys (one dot product per key: 1e-6 apart, within
+# TOL of MLX, but not the same bits). A row's output then depends on how the prompt was split,
+# so a prompt prefilled in two pieces or run a step at a time would drift from a single pass
+# (cached against cold). Two mutants run here survive because LLVM's reassociation already sums
+# each row's keys one after another: grouping eight keys from the block's own first key instead
+# of fixed positions, and a lone row's four products added pairwise; the fixed positions stay as
+# a second guard.
 @pytest.mark.parametrize("window", [None, 37])
 def test_a_row_gets_the_same_bits_whatever_block_it_is_in(window):
     S, Hq, Hk, D = 203, 6, 2, 24
