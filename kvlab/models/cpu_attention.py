@@ -1,4 +1,5 @@
-"""kvlab's attention for Linux CPU: ``mx.fast.scaled_dot_product_attention``'s result, 5-10x sooner.
+"""kvlab's attention for Linux CPU: ``mx.fast.scaled_dot_product_attention``'s result, several times
+sooner (``kvlab bench --only attention``).
 
 On Linux CPU MLX computes attention from its own ops, and its ``exp`` is scalar: a 2,048-token
 prefill of SmolLM2 spends most of its time in softmax. ``attention(...)`` has MLX's signature and
@@ -85,8 +86,8 @@ def covers(queries, keys, values, mask=None, sinks=None) -> bool:
         False
     """
     arrays = (queries, keys, values) + ((sinks,) if sinks is not None else ())
-    if any(a.dtype != mx.float32 or a.ndim != (1 if a is sinks else 4) for a in arrays):
-        return False
+    if any(a.dtype != mx.float32 or a.ndim != (1 if a is sinks else 4) or a.size == 0 for a in arrays):
+        return False  # half precision, or an empty or odd shape: MLX's (and its errors)
     if queries.shape[1] % keys.shape[1] or keys.shape[:3] != values.shape[:3] or queries.shape[3] != keys.shape[3]:
         return False
     if isinstance(mask, str):
@@ -115,11 +116,9 @@ def _rows(a):
     whose rows past S the kernel never reads. Anything else is copied."""
     x = np.asarray(a)
     B, H, S, D = x.shape
-    item = x.itemsize
-    st = x.strides
-    if st[3] == item and st[2] == D * item and st[1] % st[2] == 0 and st[1] >= S * st[2] \
-            and (B == 1 or st[0] == H * st[1]):
-        return np.lib.stride_tricks.as_strided(x, (B, H, st[1] // st[2], D), (B == 1 and H * st[1] or st[0],) + st[1:])
+    batch, head, row, col = x.strides
+    if col == x.itemsize and row == D * col and head % row == 0 and head >= S * row and (B == 1 or batch == H * head):
+        return np.lib.stride_tricks.as_strided(x, (B, H, head // row, D), (H * head, head, row, col))
     return np.ascontiguousarray(x)
 
 
