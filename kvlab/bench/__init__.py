@@ -23,8 +23,8 @@ from dataclasses import replace
 
 from .. import device
 from ..errors import KvlabError
-from . import (blas, cluster, exp, hashing, memory, policies, proxy, quantization, route, served_checkpoints,
-               serving, simulator, snapshot, tiers, ttft, vlm_peers)
+from . import (attention, blas, cluster, exp, hashing, memory, policies, prefill, proxy, quantization, route,
+               served_checkpoints, serving, simulator, snapshot, tiers, ttft, vlm_peers)
 from .families import checkpoint_policies, conformance
 from .families_cache import hybrid_ttft, sliding_bytes
 from .settings import Settings
@@ -42,6 +42,8 @@ REGISTRY = {
     "simulator": simulator,
     "cluster": cluster,
     "exp": exp,
+    "attention": attention,
+    "prefill": prefill,
     "quantization": quantization,
     "policies": policies,
     "serving": serving,
@@ -96,7 +98,7 @@ def machine(dev: device.Device | None = None) -> str:
 
     Example:
         >>> machine(device.Device.for_backend("metal", info={"device_name": "Apple M2"}))  # doctest: +ELLIPSIS
-        '... cores, Python ..., metal (Apple M2), BLAS Accelerate'
+        '... cores, Python ..., metal (Apple M2), BLAS Accelerate, attention mlx'
     """
     return (f"{platform.system()} {platform.machine()}, {os.cpu_count()} cores, Python "
             f"{platform.python_version()}, {(dev or device.current()).label}")

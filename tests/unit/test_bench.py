@@ -28,13 +28,13 @@ def test_table_markdown_and_html():
 
 def test_registry_order_and_sections():
     assert bench.SECTIONS == ("blas", "ttft", "snapshot", "memory", "hashing", "simulator", "cluster", "exp",
-                              "quantization",
+                              "attention", "prefill", "quantization",
                               "policies", "serving", "served_checkpoints", "proxy", "route", "tiers", "conformance",
                               "checkpoint_policies", "hybrid_ttft", "sliding_bytes", "vlm_peers")
     for name, section in bench.REGISTRY.items():
         assert isinstance(section.NEEDS_MODEL, bool) and callable(section.table), name
-    assert [n for n, s in bench.REGISTRY.items() if s.NEEDS_MODEL] == ["ttft", "snapshot", "memory", "quantization",
-                                                                      "serving", "tiers"]
+    assert [n for n, s in bench.REGISTRY.items() if s.NEEDS_MODEL] == ["ttft", "snapshot", "memory", "prefill",
+                                                                      "quantization", "serving", "tiers"]
 
 
 def test_a_new_section_is_one_registry_entry(monkeypatch, capsys):
@@ -187,6 +187,35 @@ def test_summary_is_computed_from_the_values():
     small = fake("tiers", mape_holdout=0.1, mape_fit=0.05, disk_load_vs_recompute={2048: 0.000679}, model="m")
     assert summary_row([small], "prefill cost model")[1].endswith("2048 tokens 0.00068x")  # not "0.00x"
     assert summary_row([tiers(0.151)], "prefill cost model")[2] == "not met"
+
+
+# Mutants: the layer target judged on MLX's step or on the min instead of the median; the prefill
+# target judged on the MLX-attention row, or on a length other than 2,048.
+def test_attention_targets_are_judged_from_the_values():
+    def layer(last):
+        steps = [{"name": "MLX fused kernel (x)", "seconds": spread_of(0.9), "max_abs_diff": 0.0},
+                 {"name": "+ causal block skipping (y)", "seconds": spread_of(0.5), "max_abs_diff": 3e-7},
+                 {"name": "+ flash-order tiles (z)", "seconds": {**spread_of(last), "min": 0.01}, "max_abs_diff": 8e-7}]
+        return fake("attention", n=2048, steps=steps)
+
+    row = summary_row([layer(0.12)], "one causal attention layer")
+    assert row[1:] == ("120 ms, 7.5x less than MLX's 900 ms (steps: causal block skipping 1.8x, flash-order "
+                       "tiles 4.2x; max abs diff 8e-07)", "met")
+    assert summary_row([layer(0.16)], "one causal attention layer")[2] == "not met"
+
+    from kvlab.bench.prefill import KVLAB, MLX, MLX_LM
+
+    def prefill(ours, theirs=40.0, judged=2048):
+        tps = {KVLAB: {1024: spread_of(999.0), 2048: spread_of(ours)}, MLX: {1024: spread_of(1.0), 2048: spread_of(theirs)},
+               MLX_LM: {1024: spread_of(1.0), 2048: spread_of(theirs)}}
+        return fake("prefill", model="smollm2", lengths=[1024, 2048], judged=judged, tokens_per_s=tps,
+                    limit_seconds={1024: 1.0, 2048: 4.0}, blas_gflops={1024: 150.0, 2048: 160.0})
+
+    row = summary_row([prefill(256.0)], "prefill of a 2,048-token prompt")  # 8 s against a 4 s limit
+    assert row[1:] == ("2.00x the limit (256 tokens/s, limit 4.0 s at 160 GFLOP/s); with MLX's attention 12.80x, "
+                       "mlx-lm's own prefill 12.80x (smollm2)", "met")
+    assert summary_row([prefill(200.0, theirs=999.0)], "prefill of a 2,048-token prompt")[2] == "not met"  # 2.56x
+    assert summary_row([prefill(256.0, judged=4096)], "prefill of a 2,048-token prompt")[2] == "not met"
 
 
 def test_findings_quote_the_measured_numbers():
