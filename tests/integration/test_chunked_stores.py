@@ -19,6 +19,7 @@ import mlx.core as mx
 from kvlab.keys import CacheKey
 from kvlab.primitives.cache_parts import parts_of, window_kv
 from kvlab.primitives.snapshots import advance, make_cache, snapshot
+from kvlab.primitives.tokens import common_prefix_len
 from kvlab.stores import PagedStore, SharedRadixStore
 from kvlab.workloads import branching, multi_turn
 
@@ -132,3 +133,59 @@ def test_restored_chunked_cache_is_the_cold_one(store):
         assert mx.allclose(gk, wk[..., 240 - wfirst:272 - wfirst, :], rtol=0, atol=1e-5)
         assert mx.allclose(gv, wv[..., 240 - wfirst:272 - wfirst, :], rtol=0, atol=1e-5)
     assert seen == 3
+
+
+
+# -- a branch that parts inside the deepest entry: fall back to what can be restored exactly --------
+# The issue-31 scenario: four turns, then a branch that edits the third reply. Every store holds
+# the turn-4 prompt, whose chunked layers keep only their last chunk, and something shorter.
+ALL_STORES = ("radix", "mlx-lru", "disk", "tiered", "shared-radix", "paged")
+FALLING_BACK = ("radix", "mlx-lru", "disk", "tiered")  # the stores that keep whole entries
+
+
+def _store(name, model, folder):
+    return kv.make_store(name, disk_path=folder, model=model) if name in ("disk", "tiered") else kv.make_store(name)
+
+
+def _four_turns_and_a_branch(model, edit):
+    """The four turns' messages, then turn 4's with its third reply edited; their prompt ids."""
+    turns = [r.messages for r in multi_turn(4, system_tokens=48, user_tokens=24, reply_tokens=32)]
+    branch = list(turns[3])
+    branch[6] = {"role": "assistant", "content": edit(branch[6]["content"])}  # the third reply
+    reqs = [*turns, branch]
+    return reqs, [kv.tokenise(model, r).ids for r in reqs]
+
+
+@pytest.mark.parametrize("name", ALL_STORES)
+def test_a_branch_editing_the_third_reply_reuses_the_turn_before(name, tmp_path):
+    # mutants: radix and mlx-lm's LRU dropping the turn-3 entry as subsumed by turn 4's (which
+    # says it can be trimmed, but its chunked layers hold only their last chunk); the disk tier
+    # offering the turn-4 file it cannot cut. Before the fix the branch reused 0 ("could not trim
+    # the matched entry") in radix, mlx-lru, disk and tiered.
+    model = kv.load("tiny:llama4")
+    reqs, ids = _four_turns_and_a_branch(model, lambda reply: "Alternatively: " + reply)
+    assert common_prefix_len(ids[3], ids[4]) == len(ids[2])  # the branch parts where turn 3's prompt ends
+    engine = kv.Engine(model, _store(name, model, tmp_path), verify=True, max_tokens=2)
+    results = [engine.run(r) for r in reqs]
+    whole = (lambda n: n // BLOCK * BLOCK) if name == "paged" else (lambda n: n)  # paged: whole blocks
+    assert [r.reused_tokens for r in results] == [0] + [whole(len(i)) for i in ids[:3]] + [whole(len(ids[2]))]
+    assert all(r.verify_diff <= TOL for r in results), [r.verify_diff for r in results]
+
+
+@pytest.mark.parametrize("name", FALLING_BACK)
+def test_a_branch_inside_an_uncuttable_entry_falls_back_and_says_from_what(name, tmp_path):
+    # the branch edits the end of the third reply: it shares more than turn 3's prompt with turn
+    # 4's entry, which cannot be cut back there (its chunk starts later). Without checkpoints the
+    # store's next best entry is turn 3's prompt. Mutant: no fallback (the store offers turn 4's
+    # entry, the core refuses it: 0 reused).
+    model = kv.load("tiny:llama4")
+    reqs, ids = _four_turns_and_a_branch(model, lambda reply: reply + " And one more thing.")
+    shared = common_prefix_len(ids[3], ids[4])
+    assert shared > len(ids[2]) and shared // CHUNK * CHUNK < len(ids[3]) - CHUNK
+    engine = kv.Engine(model, _store(name, model, tmp_path), verify=True, max_tokens=2, checkpoints="none")
+    *_, branch = [engine.run(r) for r in reqs]
+    assert branch.reused_tokens == len(ids[2]) and branch.verify_diff <= TOL
+    assert branch.why.startswith(f"an entry of {len(ids[3])} tokens shares {shared} with this prompt but its "
+                                 f"cache cannot be trimmed to {shared} (layer 0 (ChunkedKVCache)"), branch.why
+    assert branch.why.endswith(f"; fell back to the entry of {len(ids[2])} tokens"), branch.why
+    assert branch.miss_reasons["not_trimmable"] == shared - len(ids[2])
