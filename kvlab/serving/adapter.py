@@ -36,7 +36,10 @@ from ..reuse import PrefixCache
 from .events import ServerEvents
 
 SEGMENTS = ("assistant", "user", "system")  # mlx-lm's cache types, in its eviction order
-KIND = {"system": "system", "user": "prompt", "assistant": "prompt+output"}  # kvlab insert kinds
+# kvlab insert kinds: a segment's end is a snapshot taken while prefilling, what kv.Engine offers
+# as a "checkpoint" (a paged store lets a deeper one supersede its window; mlx-lm's LRU types it
+# "system"); prompt + output is what the Engine keys with keying="prompt+output"
+KIND = {"system": "checkpoint", "user": "checkpoint", "assistant": "prompt+output"}
 ADDS, REMOVES = ("insert", "block_stored"), ("evict", "block_removed")
 # the paged store's recurrent checkpoints and window KV, counted on the block they belong to
 PARTS = {"checkpoint_stored": 1, "window_stored": 1, "checkpoint_removed": -1, "window_released": -1}

@@ -96,7 +96,9 @@ class MlxLmLRUStore(StoreBase):
             # cache says so here: _cut_back_truthfully). The reuse core can cut it where every
             # layer can be cut exactly; else mlx-lm's own answer stands, its longest shorter entry
             reuse = min(found.common_prefix, limit)
-            stored = snapshot(self.cache._trie.get(ns, list(found.longer)).prompt_cache)
+            # its own ids (a recurrent-only cache does not say how many it holds)
+            stored = snapshot(self.cache._trie.get(ns, list(found.longer)).prompt_cache,
+                              tokens=[s if isinstance(s, int) else s[0] for s in found.longer])
             refused = cut_refusal(stored, reuse)
             if refused is None:
                 kind = "supersequence" if found.common_prefix >= len(ids) else "lcp"
