@@ -14,7 +14,7 @@ another reply) and a repeat.
 Mutants caught (each checked by hand): the adapter keying without message spans (the system
 store reuses nothing when served), the adapter looking up n tokens instead of n - 1 (served reuse
 differs on every repeat); llama4 served by mlx-lm's own sequential path, which snapshots nothing
-(paged reuses 0 where the engine reuses 48-64); the adapter's segment inserts of kind system/prompt
+(radix, shared-radix and paged reuse less than the engine); the adapter's segment inserts of kind system/prompt
 instead of the Engine's checkpoint (a paged store keeps the served system checkpoint that the
 Engine's deeper one supersedes: sliding and chunked reuse 48 served, 0 in the engine); disk files
 written with a window's ring phase (sliding: the server's files 2 bytes longer); mlx-lm's LRU
