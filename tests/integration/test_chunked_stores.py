@@ -54,11 +54,11 @@ def chunked_parts(model):
 
 @pytest.mark.parametrize("workload", sorted(WORKLOADS))
 @pytest.mark.parametrize("store", sorted(STORES))
-def test_llama4_reuses_exactly(store, workload):
+def test_llama4_reuses_exactly(family, store, workload):
     # mutants: the old refusal of chunked layers ("chunked" not in holds: store_refuses set, 0
     # reused); restored with start_position 0 (shared-radix: logits off by 0.23-0.31; the paged
     # hits here land on chunk borders, which read no chunked KV: see the next test)
-    model = kv.load("tiny:llama4")
+    model = family("llama4")
     engine = kv.Engine(model, STORES[store](), verify=True, max_tokens=4)
     assert not engine.core.store_refuses
     results = [engine.run(r) for r in WORKLOADS[workload]()]
@@ -67,11 +67,11 @@ def test_llama4_reuses_exactly(store, workload):
 
 
 @pytest.mark.parametrize("store", sorted(STORES))
-def test_a_hit_inside_a_chunk_is_exact(store):
+def test_a_hit_inside_a_chunk_is_exact(family, store):
     # the workloads' paged hits land on chunk borders (96, 192, 256), where no chunked KV is read;
     # a hit at 112 = 3 * 32 + 16 reads the 16 tokens of its chunk.
     # mutant: restored with start_position 0 (logits off by 0.33 in both stores)
-    model = kv.load("tiny:llama4")
+    model = family("llama4")
     engine = kv.Engine(model, KEEPING_ALL[store](), verify=True, max_tokens=2, checkpoints="every:16")
     a = ids_of(150, 1)
     b = a[:120] + ids_of(40, 2)
@@ -81,10 +81,10 @@ def test_a_hit_inside_a_chunk_is_exact(store):
     assert r.reused_tokens == 112 and r.verify_diff <= TOL, (r.reused_tokens, r.verify_diff)
 
 
-def test_paged_chunked_layer_holds_at_most_the_chunk_plus_a_block():
+def test_paged_chunked_layer_holds_at_most_the_chunk_plus_a_block(family):
     # mutant: chunked KV kept for every block before the checkpoint, not only the chunk's reach
     # (reach() from block 0: 288 tokens per layer, 221184 bytes)
-    model = kv.load("tiny:llama4")
+    model = family("llama4")
     store = PagedStore(BLOCK, budget_bytes=256 << 20)
     kv.Engine(model, store, max_tokens=1).run(ids_of(300, 3))
     chunked = chunked_parts(model)
@@ -95,10 +95,10 @@ def test_paged_chunked_layer_holds_at_most_the_chunk_plus_a_block():
     assert all(n <= CHUNK + BLOCK for n in c["window_tokens"].values())
 
 
-def test_shared_radix_chunked_checkpoints_hold_at_most_the_chunk():
+def test_shared_radix_chunked_checkpoints_hold_at_most_the_chunk(family):
     # mutant: a checkpoint keeping all the chunked cache holds after a 100-token prefill in one
     # piece (mlx-lm trims its front only before the next step: 100 tokens, not 32)
-    model = kv.load("tiny:llama4")
+    model = family("llama4")
     store = SharedRadixStore(budget_bytes=256 << 20)
     kv.Engine(model, store, max_tokens=1, checkpoints="every:100").run(ids_of(300, 3))
     chunked = chunked_parts(model)
@@ -109,12 +109,12 @@ def test_shared_radix_chunked_checkpoints_hold_at_most_the_chunk():
 
 
 @pytest.mark.parametrize("store", sorted(STORES))
-def test_restored_chunked_cache_is_the_cold_one(store):
+def test_restored_chunked_cache_is_the_cold_one(family, store):
     # mutants: restored with start_position 0, or holding only the tokens from its chunk start
     # (256..271: start_position 256). The latter's logits are exact (the chunk mask hides every
     # earlier token), but the cache is not the one mlx-lm has after a cold prefill of 272 tokens
     # ([240, 272) once it trims its front), which is what this store promises to restore.
-    model = kv.load("tiny:llama4")
+    model = family("llama4")
     kv_store = KEEPING_ALL[store]()
     ids = ids_of(300, 5)
     kv.Engine(model, kv_store, max_tokens=1, checkpoints="every:16").run(ids)
@@ -157,12 +157,12 @@ def _four_turns_and_a_branch(model, edit):
 
 
 @pytest.mark.parametrize("name", ALL_STORES)
-def test_a_branch_editing_the_third_reply_reuses_the_turn_before(name, tmp_path):
+def test_a_branch_editing_the_third_reply_reuses_the_turn_before(family, name, tmp_path):
     # mutants: radix and mlx-lm's LRU dropping the turn-3 entry as subsumed by turn 4's (which
     # says it can be trimmed, but its chunked layers hold only their last chunk); the disk tier
     # offering the turn-4 file it cannot cut. Before the fix the branch reused 0 ("could not trim
     # the matched entry") in radix, mlx-lru, disk and tiered.
-    model = kv.load("tiny:llama4")
+    model = family("llama4")
     reqs, ids = _four_turns_and_a_branch(model, lambda reply: "Alternatively: " + reply)
     assert common_prefix_len(ids[3], ids[4]) == len(ids[2])  # the branch parts where turn 3's prompt ends
     engine = kv.Engine(model, _store(name, model, tmp_path), verify=True, max_tokens=2)
@@ -177,14 +177,15 @@ FAMILY_CASES = [("llama4", n) for n in FALLING_BACK] + [(f, n) for f in ("gemma3
                                                        for n in ("radix", "mlx-lru")]
 
 
-@pytest.mark.parametrize("family,name", FAMILY_CASES)
-def test_a_branch_inside_an_uncuttable_entry_falls_back_and_says_from_what(family, name, tmp_path):
+@pytest.mark.parametrize("model_type,name", FAMILY_CASES)
+def test_a_branch_inside_an_uncuttable_entry_falls_back_and_says_from_what(family, model_type, name,
+                                                                          tmp_path):
     # the branch edits the end of the third reply: it shares more than turn 3's prompt with turn
     # 4's entry, which cannot be cut back there (llama4: its chunk starts later). Without
     # checkpoints the store's next best entry is turn 3's prompt. Mutants: no fallback (the
     # store offers turn 4's entry, the core refuses it: 0 reused); turn 3's entry dropped as
     # subsumed by turn 4's.
-    model = kv.load(f"tiny:{family}")
+    model = family(model_type)
     reqs, ids = _four_turns_and_a_branch(model, lambda reply: reply + " And one more thing.")
     shared = common_prefix_len(ids[3], ids[4])
     assert shared > len(ids[2]) and shared // CHUNK * CHUNK < len(ids[3]) - CHUNK
