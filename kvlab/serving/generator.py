@@ -101,11 +101,14 @@ class ObservedQueue:
     """A request's response queue as the generation thread sees it: every item is reported to
     the ledger, then passed on. The GenerationContext is held back until the next item: mlx-lm
     sends it before prefill (the sequential path even before its cache lookup), and the HTTP
-    thread answers 200 on receiving it, so a failure in prefill could no longer become a 5xx."""
+    thread answers 200 on receiving it, so a failure in prefill could no longer become a 5xx.
+    The end (None) is held back until the request's prompt + output offer is done (mlx-lm makes
+    it right after the end): the client's response ends only once all its request's rows are in
+    (``Server.events``)."""
 
     def __init__(self, inner, rid, ledger, adapter, events, owner):
         self.inner, self.rid, self.ledger, self.adapter, self.events = inner, rid, ledger, adapter, events
-        self.owner, self.held = owner, None
+        self.owner, self.held, self.ending = owner, None, False
         owner.kv_open[id(self)] = self
 
     def put(self, item, *args, **kwargs):
@@ -114,6 +117,8 @@ class ObservedQueue:
             return None
         if isinstance(item, Exception):
             self.held = None
+            if self.ending:  # the response was whole; what failed came after it (the final insert)
+                return self._end()
             self.owner.kv_open.pop(id(self), None)
             self.ledger.done(self.rid, "error", f"{type(item).__name__}: {item}")
             return self.inner.put(item, *args, **kwargs)
@@ -124,11 +129,15 @@ class ObservedQueue:
         if isinstance(item, Response):
             self.ledger.token(self.rid, item)
         elif item is None:
-            self.owner.kv_open.pop(id(self), None)
             self.owner.kv_deaths = 0
-            self.adapter.finishing(self.rid)  # mlx-lm's insert of prompt + output comes next
-            self.ledger.done(self.rid, "ok")  # recorded before the client can see the end
+            self.ending = True
+            self.ledger.done(self.rid, "ok")  # the finish row, before the client can see the end
+            return self.adapter.finishing(self.rid, release=self._end)
         return self.inner.put(item, *args, **kwargs)
+
+    def _end(self) -> None:
+        if self.owner.kv_open.pop(id(self), None) is not None:
+            self.inner.put(None)
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
