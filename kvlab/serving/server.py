@@ -178,7 +178,19 @@ class Server(Listening):
     @property
     def events(self):
         """Every event so far (polars): lookup, hit/miss, offer (mlx-lm's insert with its segment
-        type), insert, evict, block_stored/removed, arrive, first_token, finish, error."""
+        type), insert, evict, block_stored/removed, arrive, first_token, finish, error.
+
+        Each read is a new snapshot: read it once and filter that (two reads may differ while
+        requests run). Promise: once a response has ended (a plain body received whole, a
+        stream's last event received), every row of its request is in it (arrive through the
+        insert of its prompt + output, after which mlx-lm ends the response), and its Result is
+        in ``results``. A request still running, or another client's, may add rows at any time.
+
+        Example:
+            >>> client.chat.completions.create(...)          # the response has ended
+            >>> ev = server.events                           # one read
+            >>> ev.filter(ev["event"] == "insert")
+        """
         return self.events_log.frame()
 
     @property
