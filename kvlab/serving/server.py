@@ -79,8 +79,12 @@ class Server(Listening):
         self.api_key = api_key if api_key is not None else os.environ.get(ENV_KEY) or None
         budget_bytes = None if budget is None else parse_bytes(budget)
         self.events_log = ServerEvents()
-        if disk is not None:
-            store = self._tiered(store, disk, budget_bytes, disk_budget, block_size)
+        if disk is not None:  # the named RAM store in front of a DiskStore at disk (survives restarts)
+            from ..stores import make_store
+
+            store = make_store("tiered", ram=store, budget_bytes=budget_bytes, block_size=block_size,
+                               disk_path=disk, model=self.model,
+                               disk_budget_bytes=None if disk_budget is None else parse_bytes(disk_budget))
             budget_bytes = None
         self.store_name, self.adapter = self._adapter(store, budget_bytes, block_size, max_size)
         self.budget_bytes = self.adapter.budget_bytes
@@ -113,16 +117,6 @@ class Server(Listening):
             raise KvlabError("budget= applies to a store made by name; a store object keeps its own "
                              "budget_bytes")
         return store.name, StoreAdapter(store, self.model, self.events_log)
-
-    def _tiered(self, store, disk, budget_bytes, disk_budget, block_size):
-        """A TieredStore: the named RAM store in front of a DiskStore at ``disk`` (survives restarts)."""
-        from ..stores import make_store
-
-        if store not in ("radix", "paged"):
-            raise KvlabError(f"--disk puts a disk tier behind a radix or paged RAM store, not {store!r}")
-        return make_store("tiered", ram=store, budget_bytes=budget_bytes, block_size=block_size,
-                          disk_path=disk, model=self.model,
-                          disk_budget_bytes=None if disk_budget is None else parse_bytes(disk_budget))
 
     # -- running ----------------------------------------------------------------------------------
     def start(self) -> "Server":

@@ -90,6 +90,8 @@ class Capabilities:
     recurrent state only at multiples of it (its block ends) asks whoever prefills a prompt with
     recurrent layers for a snapshot at each one the prompt passes. ``components``: it reports
     its bytes per component (full KV, window KV, recurrent state) through ``components()``.
+    ``eviction_policy``: the name of the ``kvlab.policies`` policy choosing what it evicts for
+    room (None: it evicts by a rule of its own, or never).
     """
 
     block_size: int | None = None
@@ -100,6 +102,7 @@ class Capabilities:
     tiers: tuple[str, ...] = ("ram",)
     checkpoint_every: int | None = None
     components: bool = False
+    eviction_policy: str | None = None
 
     def refuses(self, layout) -> str | None:
         """Why this store can hold none of a cache of ``layout`` (a ``CacheLayout``), or None."""

@@ -87,7 +87,7 @@ class RadixStore(BudgetedStore):
 
     @property
     def capabilities(self) -> Capabilities:
-        return Capabilities(budget_bytes=self.budget_bytes, views=("tree", "entries"))
+        return Capabilities(budget_bytes=self.budget_bytes, views=("tree", "entries"), eviction_policy=self.policy.name)
 
 
     def lookup(self, key: CacheKey, tokens: Tokens, *, limit: int) -> Match:
