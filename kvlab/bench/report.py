@@ -42,10 +42,10 @@ COLUMNS = ("target", "measured", "met", "section")
 class Run:
     """Who measured a section: the ``kvlab bench`` command, the commit it measured, when, where."""
 
-    command: str
-    commit: str
-    when: str
-    machine: str
+    command: str  # the command line, as ``kvlab.cli.bench.command_of`` writes it
+    commit: str  # ``commit()`` when the run started
+    when: str  # local time, "%Y-%m-%d %H:%M"
+    machine: str  # ``kvlab.bench.machine()``
 
     def line(self) -> str:
         return f"`{self.command}` at commit {self.commit} on {self.when} ({self.machine})"
