@@ -104,3 +104,8 @@ class DiagnosticsError(KvlabError, ValueError):
 class ExportFileError(KvlabError, ValueError):
     """Another tool's export kvlab cannot read (an AIPerf ``profile_export_aiperf.json``/``.csv``
     that is missing, malformed or lacks a metric); the message names the file and what is missing."""
+
+
+class PeerError(KvlabError, RuntimeError):
+    """A peer kvlab compares against (vllm-mlx, mlx-vlm's server, kvpress) that cannot be installed,
+    started, reached or run; the message says what to install or fix."""
