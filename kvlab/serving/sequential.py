@@ -82,21 +82,18 @@ class SequentialRequests:
         net = self.model.for_request(toks)
         cache = self.model.make_cache() if cache is None else cache
         pos = self._checkpoints(rid, toks, key, net, cache, reused)
-        # mlx-lm's _make_sampler and _make_logits_processors
-        sampler = make_sampler(args.sampling.temperature, top_p=args.sampling.top_p, top_k=args.sampling.top_k,
-                               min_p=args.sampling.min_p, xtc_probability=args.sampling.xtc_probability,
-                               xtc_threshold=args.sampling.xtc_threshold,
-                               xtc_special_tokens=tok.encode("\n") + list(tok.eos_token_ids))
-        lg = args.logits
-        processors = make_logits_processors(lg.logit_bias, lg.repetition_penalty, lg.repetition_context_size,
-                                            lg.presence_penalty, lg.presence_context_size,
-                                            lg.frequency_penalty, lg.frequency_context_size)
-        seq, matcher = list(prompt), stop_sequences.matcher()
         if len(prompt) - pos > 1:
             # kvlab's prefill, the Engine's; it runs an image in one chunk where its tokens see each
             # other (gemma4), where mlx-lm's would cut at prefill_step_size, possibly inside one
             advance(net, toks.ids[pos:-1], cache)
             pos = len(prompt) - 1
+        # mlx-lm's _make_sampler and _make_logits_processors
+        sampler = make_sampler(args.sampling.temperature, top_p=args.sampling.top_p, top_k=args.sampling.top_k,
+                               min_p=args.sampling.min_p, xtc_probability=args.sampling.xtc_probability,
+                               xtc_threshold=args.sampling.xtc_threshold,
+                               xtc_special_tokens=tok.encode("\n") + list(tok.eos_token_ids))
+        processors = logits_processors(args.logits, prompt[reused:pos])
+        seq, matcher = list(prompt), stop_sequences.matcher()
         for gen in stream_generate(model=net, tokenizer=tok, prompt=prompt[pos:], max_tokens=args.max_tokens,
                                    stream=stream, sampler=sampler, logits_processors=processors,
                                    prompt_cache=cache, prefill_step_size=self.prefill_step_size,
@@ -152,6 +149,26 @@ class TextRequests(SequentialRequests):
         prompt, _, _, initial_state, _ = self.tokenize(self.model.tokenizer, request, args)
         toks = request_tokens(self.model, request, prompt)
         return toks, cache_key(toks), initial_state
+
+
+def logits_processors(lg, prefilled) -> list:
+    """mlx-lm's logits processors for a request's logits arguments ``lg`` (its
+    ``_make_logits_processors``), each shown the prompt ids kvlab ``prefilled`` itself before the
+    tokens ``stream_generate`` passes it: what mlx-lm's own sequential path shows it (every prompt
+    token after the cached ones), so a repetition penalty counts them.
+
+    Example:
+        >>> [p(mx.array([9]), mx.ones((1, 10)))[0, 7].item() for p in logits_processors(lg, [7, 8])]  # doctest: +SKIP
+        [0.666...]
+    """
+    made = make_logits_processors(lg.logit_bias, lg.repetition_penalty, lg.repetition_context_size,
+                                  lg.presence_penalty, lg.presence_context_size, lg.frequency_penalty,
+                                  lg.frequency_context_size)
+    if not prefilled:
+        return made
+    before = mx.array(list(prefilled))
+    return [lambda tokens, logits, p=p: p(mx.concatenate([before, tokens.astype(before.dtype)]), logits)
+            for p in made]
 
 
 def top_logprobs(logprobs, top_n: int, tokenizer) -> tuple:
