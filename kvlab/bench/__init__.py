@@ -1,13 +1,15 @@
 """Side-by-side benchmarks: every contender runs in the same process, interleaved over repeats, and
 each table reports the median and spread (pstdev, min-max) plus ratios against a reference.
 
-    kvlab bench --model smollm2 --repeats 5 --write BENCHMARKS.md
+    kvlab bench --model smollm2 --repeats 5 --write BENCHMARKS.md      # every section
+    kvlab bench --only vlm_peers --repeats 3 --write BENCHMARKS.md     # one section, the others kept
 
 One module per section; each has ``NEEDS_MODEL`` and ``table(settings) -> Table`` (its raw numbers
 in ``Table.values``); a module holding several sections registers ``families.Section`` objects
-instead. A new section is a new module plus one line in ``REGISTRY``; a new target is
-one ``Target`` in ``summary.TARGETS``, which BENCHMARKS.md and the README's summary are generated
-from.
+instead. A new section is a new module plus one line in ``REGISTRY``, then written alone with
+``kvlab bench --only NAME --write BENCHMARKS.md`` (``kvlab.bench.report``: a unit test requires a
+block for every section); a new target is one ``Target`` in ``summary.TARGETS``, whose row the
+summary of BENCHMARKS.md and the README shows from its section's run.
 
 Example:
     >>> tables = kv.bench.run("tiny", repeats=2, only=["hashing"])

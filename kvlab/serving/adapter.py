@@ -36,7 +36,10 @@ from ..reuse import PrefixCache
 from .events import ServerEvents
 
 SEGMENTS = ("assistant", "user", "system")  # mlx-lm's cache types, in its eviction order
-KIND = {"system": "system", "user": "prompt", "assistant": "prompt+output"}  # kvlab insert kinds
+# kvlab insert kinds: a segment's end is a snapshot taken while prefilling, what kv.Engine offers
+# as a "checkpoint" (a paged store lets a deeper one supersede its window; mlx-lm's LRU types it
+# "system"); prompt + output is what the Engine keys with keying="prompt+output"
+KIND = {"system": "checkpoint", "user": "checkpoint", "assistant": "prompt+output"}
 ADDS, REMOVES = ("insert", "block_stored"), ("evict", "block_removed")
 # the paged store's recurrent checkpoints and window KV, counted on the block they belong to
 PARTS = {"checkpoint_stored": 1, "window_stored": 1, "checkpoint_removed": -1, "window_released": -1}
@@ -54,6 +57,7 @@ class Attribution:
         self.lock = threading.RLock()
         self.current: int | None = None
         self.finishing_rid: int | None = None
+        self.ending: dict[int, object] = {}  # rid -> what hands its end to its client (finishing)
         self.inflight: dict[int, tuple[tuple[int, ...], set[int]]] = {}
         self.requests: dict[int, dict] = {}  # rid -> what its lookup found (read by the ledger)
         self.evicted: dict[int, int] = {}  # rid -> entries evicted for room during its calls
@@ -70,9 +74,23 @@ class Attribution:
             if rid is not None:
                 self.inflight[rid] = (tuple(prompt), ends)
 
-    def finishing(self, rid) -> None:
+    def finishing(self, rid, release=None) -> None:
+        """mlx-lm ended request ``rid``: its prompt + output offer comes next (every loop offers it
+        right after the end). ``release()`` hands the end to the client once that offer's rows
+        are in the event log, so a client that has its whole response finds all its rows."""
         with self.lock:
             self.finishing_rid = rid
+            if rid is not None and release is not None:
+                self.ending[rid], release = release, None
+        if release is not None:
+            release()
+
+    def final_offered(self, rid) -> None:
+        """Request ``rid``'s prompt + output offer is done (its rows are in): release its end."""
+        with self.lock:
+            release = self.ending.pop(rid, None)
+        if release is not None:
+            release()
 
     def end(self, rid) -> None:
         """The request is over (finished, failed or its client left): it references nothing."""
@@ -173,7 +191,15 @@ class StoreAdapter(Attribution):
                 info["why"] = "; ".join(w for w in (info.get("why"), why) if w)
 
     def offer(self, rid, toks, key, prompt_cache, ids, *, cache_type: str = "assistant") -> None:
-        """Offer ``prompt_cache`` (holding ``ids``, keyed ``key``) to the store for request ``rid``."""
+        """Offer ``prompt_cache`` (holding ``ids``, keyed ``key``) to the store for request ``rid``;
+        ``cache_type="assistant"`` (prompt + output) is a request's last offer."""
+        try:
+            self._offer(rid, toks, key, prompt_cache, ids, cache_type)
+        finally:
+            if cache_type == "assistant":
+                self.final_offered(rid)
+
+    def _offer(self, rid, toks, key, prompt_cache, ids, cache_type: str) -> None:
         with self.lock:
             if self.store is None:
                 self.events.add("offer", request=rid, tokens=len(ids), detail=cache_type, segment=cache_type)
