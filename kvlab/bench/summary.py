@@ -209,6 +209,25 @@ def _prefill(v: dict) -> tuple[bool, str]:
                                 f"{ratio[theirs]:.2f}x, mlx-lm's own prefill {ratio[own]:.2f}x ({v['model']})")
 
 
+def _cluster(v: dict) -> tuple[bool, str]:
+    runs = v["runs"]
+    cpu = {k: r["cpu_seconds"]["median"] for k, r in runs.items()}
+    wall = {k: r["seconds"]["median"] for k, r in runs.items()}
+    slowest = max(cpu, key=cpu.get)
+    return (cpu[slowest] < 60,
+            f"slowest {slowest}: {cpu[slowest]:.0f} CPU s ({wall[slowest]:.0f} s wall); "
+            + ", ".join(f"{k} {c:.0f}" for k, c in cpu.items() if k != slowest)
+            + f" CPU s; {v['requests']:,} requests over {v['instances']} instances")
+
+
+def _route(v: dict) -> tuple[bool, str]:
+    err = v["ttft_median_abs_rel_error"]
+    return (v["decisions_equal"] and v["reused_equal"] and err <= 0.25,
+            f"decisions equal: {v['decisions_equal']}, reused tokens equal: {v['reused_equal']} "
+            f"({v['requests']} requests, {v['model']}); held-out TTFT median error {err:.0%} "
+            f"({v['ttft_median_s']:.3f} s measured, {v['modelled_ttft_median_s']:.3f} s modelled)")
+
+
 TARGETS = (
     Target("OpenBLAS path on Linux CPU: >= 10x the bundled reference BLAS on float32 matmul and on "
            "prefill", "blas", _blas),
@@ -228,7 +247,11 @@ TARGETS = (
     Target("kvlab serve's adapter overhead: `kvlab serve mlx-lru` within 5% of plain mlx_lm.server's "
            "throughput, TTFT p50 no higher (<= its median + pstdev) at equal hit rate", "serving", _adapter),
     Target("prefill cost model's error on held-out points <= 15% (MAPE)", "tiers", _cost_model),
+    Target("a million requests routed over 8 instances by the cluster simulator in < 60 s on one core "
+           "(CPU seconds of the slowest rule)", "cluster", _cluster),
     Target("kvlab proxy adds <= 5 ms to TTFT p50 in front of mlx_lm.server", "proxy", _proxy),
+    Target("a real 2-instance cluster behind kvlab route routes and reuses exactly as the simulator predicts; "
+           "modelled TTFT within 25% of measured (median, held-out requests) after calibration", "route", _route),
     Target("every cache family x store cell reuses exactly (refusals listed with reasons)", "conformance",
            _conformance),
     Target("cost_aware checkpoints within 10% of optimal's reused tokens at equal bytes on agentic_loop and "

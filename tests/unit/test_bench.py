@@ -282,7 +282,7 @@ def test_findings_quote_the_measured_numbers():
     assert doc.startswith("# kvlab benchmarks\n")
     assert "- `kvlab bench X` at commit abc1234 on W (M): blas, exp\n" in doc  # REGISTRY order
     assert "| OpenBLAS path on Linux CPU" in doc and "(70x); smollm2 prefill of 256 tokens 7.0 -> 131 " in doc
-    assert "## Findings\n\n**Finding (not fixed): MLX's CPU `exp` is slow.**" in doc
+    assert "## Findings\n\n**Finding: MLX's CPU `exp` is slow**" in doc
 
 
 def test_replace_marked():
