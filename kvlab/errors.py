@@ -104,3 +104,8 @@ class DiagnosticsError(KvlabError, ValueError):
 class ExportFileError(KvlabError, ValueError):
     """Another tool's export kvlab cannot read (an AIPerf ``profile_export_aiperf.json``/``.csv``
     that is missing, malformed or lacks a metric); the message names the file and what is missing."""
+
+
+class TenantError(KvlabError, ValueError):
+    """A keys file, server secret or tenant setting kvlab cannot use (a malformed line, a key
+    given twice, an unreadable secret); the message names the file and line."""

@@ -88,9 +88,12 @@ class VLMRequests:
                                "fewer or smaller images, a shorter prompt or a lower max_tokens")
         stop_sequences = make_stop_sequences(tok, args.stop_words)
         text_sm = self._state_machine(args.stop_words)
-        key = cache_key(toks)  # the Engine's key: the images' pixel hashes over their placeholders
-        self.ledger.tokenized(rid, prompt, images=key.extra_keys)
+        images = cache_key(toks).extra_keys  # the Engine's key: the images' pixel hashes over their placeholders
+        self.ledger.tokenized(rid, prompt, images=images)
         self.adapter.begin(rid, prompt, [prompt])
+        key = self.adapter.key_for(rid, toks)  # and the request's tenant's salt
+        if key is None:
+            raise KvlabError("a request no tenant owns cannot be keyed; it was not served")
         cache, reused = self.adapter.lookup(rid, toks, key)
         self.adapter.note(rid, image_miss(toks, reused, self.adapter.found(rid)))
         ctx = GenerationContext(has_tool_calling=tok.has_tool_calling, has_thinking=tok.has_thinking,

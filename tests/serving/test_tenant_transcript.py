@@ -28,9 +28,9 @@ def _transcript(server, key_a, key_b) -> dict:
     listed = httpx.get(server.url + "/kvlab/requests", headers={"Authorization": f"Bearer {key_b}"},
                        timeout=30).json()["requests"]
     ids = [row["response_id"] for row in listed]
+    guess = _chat(server, key_b, "Patient John Smith, SSN 123-45")  # B's first: nothing of B's cached
     b = _chat(server, key_b, "Patient John Smith, SSN 000",
               prompt_cache_options={"comparison_response_id": a["id"]})
-    guess = _chat(server, key_b, "Patient John Smith, SSN 123-45")
     return {"a_listed": a["id"] in ids, "diagnostics": b["prompt_cache_diagnostics"],
             "guess_cached": guess["usage"]["prompt_tokens_details"]["cached_tokens"]}
 
