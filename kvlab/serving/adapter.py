@@ -267,8 +267,10 @@ class StoreAdapter(Attribution):
 
     # -- internals --------------------------------------------------------------------------------
     def _emit(self, request, event, tokens, nbytes, entry, detail, segment=None):
+        tenant, ns = self._tenant(request, event, entry), self.space(request)
+        by = ns.tenant if ns is not None and ns.tenant != tenant else None
         self.events.add(event, request=request, tokens=tokens, nbytes=nbytes, entry=entry, detail=detail,
-                        segment=segment, tenant=self._tenant(request, event, entry))
+                        segment=segment, tenant=tenant, by=by)
 
     def _tenant(self, request, event, entry) -> str | None:
         """Whose row an event is: a removal its entry's owner's (None if unknown: admin only),

@@ -7,6 +7,8 @@ Rows have the Engine's event columns (``request, event, tokens, bytes, entry, t,
 ``seq`` (0, 1, 2, ... for ``?since=``), ``step`` (mlx-lm batch steps run so far),
 ``segment`` (mlx-lm's cache type of the insert that caused the row: system, user, assistant) and
 ``tenant`` (whose row it is, kvlab.tenants; None: the server's own, which only an admin reads).
+A tenant reads its rows with ``request`` blanked where another tenant's request caused them (an
+insert of another tenant's that evicted its entry).
 
 Example:
     >>> log = ServerEvents()
@@ -51,8 +53,9 @@ class ServerEvents:
 
     def add(self, event: str, *, request: int | None = None, tokens: int = 0, nbytes: int = 0,
             entry=None, detail: str | None = None, segment: str | None = None,
-            step: int | None = None, tenant: str | None = None) -> int:
-        """Append one row; returns its ``seq``."""
+            step: int | None = None, tenant: str | None = None, by: str | None = None) -> int:
+        """Append one row; returns its ``seq`` (``by``: the tenant of the request that caused it,
+        when that is not ``tenant``)."""
         with self._lock:
             seq = self._seq
             self._seq += 1
@@ -61,7 +64,7 @@ class ServerEvents:
                                "tokens": int(tokens), "bytes": int(nbytes),
                                "entry": None if entry is None else str(entry),
                                "t": timing.now() - self.t0, "detail": detail,
-                               "segment": segment, "tenant": tenant})
+                               "segment": segment, "tenant": tenant, "by": by})
             return seq
 
     def since(self, seq: int = 0, caller=None) -> list[dict]:
@@ -73,7 +76,14 @@ class ServerEvents:
             else:
                 start = seq - self._rows[0]["seq"]
                 rows = [self._rows[i] for i in range(start, len(self._rows))]
-        return [dict(r) for r in rows if caller is None or caller.sees(r["tenant"])]
+        out = []
+        for r in rows:
+            if caller is None or caller.sees(r["tenant"]):
+                row = dict(r)
+                if row.pop("by") is not None and caller is not None and not caller.admin:
+                    row["request"] = None  # another tenant's request: not even its number
+                out.append(row)
+        return out
 
     @property
     def next_seq(self) -> int:
