@@ -111,7 +111,6 @@ class ServedDiagnostics:
         self.policy = getattr(policy, "name", None)
         self.log = FingerprintLog(max_entries=max_entries, ttl_s=ttl_s)
         self.images: OrderedDict[str, tuple] = OrderedDict()  # response id -> a VLM request's image keys
-        self.owners: OrderedDict[str, str | None] = OrderedDict()  # response id -> its tenant
         self.tenant_of = lambda rid: None  # request id -> tenant (the server sets its ledger's)
         self.max_entries = max_entries
         self.asked = self.not_found = 0
@@ -143,19 +142,16 @@ class ServedDiagnostics:
         prompt, rid = live["prompt"], live.get("response_id")
         if rid:
             # a Tokens without text shares the ledger's tuple: no second copy of the ids
-            self.log.remember(rid, pending.shape, Tokens(prompt, ""))
+            self.log.remember(rid, pending.shape, Tokens(prompt, ""), owner=live.get("tenant"))
+        seen = self.log if caller is None else self.log.seen_by(caller.sees)
         images = tuple(live.get("images") or ())
         with self._count:
-            if rid:
-                self.owners[rid] = live.get("tenant")
-                while len(self.owners) > self.max_entries:
-                    self.owners.popitem(last=False)
             if rid and images:
                 self.images[rid] = images
                 while len(self.images) > self.max_entries:
                     self.images.popitem(last=False)
-            visible = pending.previous_id is None or caller is None or caller.sees(self.owners.get(pending.previous_id))
-            previous = self.images.get(pending.previous_id, ()) if pending.previous_id and visible else ()
+            visible = pending.previous_id is not None and pending.previous_id in seen
+            previous = self.images.get(pending.previous_id, ()) if visible else ()
         if not pending.wants:
             return {}
         with self._count:
@@ -163,8 +159,7 @@ class ServedDiagnostics:
         store = self.store_detail(prompt, live.get("lookup") or {}, caller)
         try:
             # identical ids with other pixels: cut the id comparison back to the image
-            log = self.log if visible else _Unknown()
-            return with_images(self._answer(pending, prompt, store, log), previous, images)
+            return with_images(self._answer(pending, prompt, store, seen), previous, images)
         except Exception as e:  # noqa: BLE001  diagnostics must never fail the request they ride on
             log.warning("kvlab serve: diagnostics failed for %s: %s: %s", rid, type(e).__name__, e, exc_info=True)
             ext = {"store": store, "error": f"{type(e).__name__}: {e}"}
@@ -209,13 +204,6 @@ class ServedDiagnostics:
         rows = [("remembered", len(self.log)), ("asked", self.asked), ("not found", self.not_found),
                 ("ttl", f"{self.log.ttl_s:g} s")]
         return summary_html("ServedDiagnostics", self.store_name, body=table_html(None, rows, row_headers=True))
-
-
-class _Unknown:
-    """A fingerprint log that knows no id: what a caller sees of another tenant's responses."""
-
-    def get(self, id, *, now=None):
-        return None
 
 
 __all__ = ["Pending", "ROW_FIELDS", "ServedDiagnostics", "nonzero", "request_row"]
