@@ -131,11 +131,13 @@ def _answer(fingerprints, tracker, ex, question, cached_tokens):
                      provider=question.provider)
 
 
-def remember(fingerprints: dx.FingerprintLog, tracker, ex, response_id: str | None) -> None:
-    """Keep ``ex`` (shape and rendered tokens) under its response id, for later comparisons."""
+def remember(fingerprints: dx.FingerprintLog, tracker, ex, response_id: str | None, owner=None) -> None:
+    """Keep ``ex`` (shape and rendered tokens) under its response id, for later comparisons
+    (``owner``: its user; another user's requests never find it)."""
     s = shape(ex)
     if response_id and s is not None:
-        fingerprints.remember(response_id, s, tracker.tokens(ex) if tracker.tokenizer is not None else None)
+        fingerprints.remember(response_id, s, tracker.tokens(ex) if tracker.tokenizer is not None else None,
+                              owner=owner)
 
 
 def put(api: str, target: dict, answered: tuple) -> None:
