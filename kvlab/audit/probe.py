@@ -82,11 +82,12 @@ class Probe:
             body.update(stream=True, stream_options={"include_usage": True})
         return body
 
-    def send(self, prompt: str) -> None:
-        """A victim's request (not timed)."""
+    def send(self, prompt: str) -> str | None:
+        """A victim's request (not timed); its response id."""
         r = self.http.post(self.url + "/v1/chat/completions", json=self._body(prompt, False))
         if r.status_code != 200:
             raise KvlabError(f"the server at {self.url} answered {r.status_code} to a request: {r.text[:300]}")
+        return r.json().get("id")
 
     def probe(self, prompt: str) -> Timed:
         """One timed, streamed request (module docstring)."""
