@@ -24,7 +24,7 @@ from dataclasses import replace
 from .. import device
 from ..errors import KvlabError
 from . import (blas, exp, hashing, memory, policies, proxy, quantization, served_checkpoints, serving, simulator,
-               snapshot, tiers, ttft, vlm_peers)
+               snapshot, tenants, tiers, ttft, vlm_peers)
 from .families import checkpoint_policies, conformance
 from .families_cache import hybrid_ttft, sliding_bytes
 from .settings import Settings
@@ -52,6 +52,7 @@ REGISTRY = {
     "hybrid_ttft": hybrid_ttft,
     "sliding_bytes": sliding_bytes,
     "vlm_peers": vlm_peers,
+    "tenants": tenants,
 }
 SECTIONS = tuple(REGISTRY)
 
