@@ -32,6 +32,7 @@ from http.server import BaseHTTPRequestHandler
 from urllib.parse import parse_qs, urlsplit
 
 from ..errors import DiagnosticsError, RequestError
+from ..tenants import presented_key
 from ..serving import prometheus
 from . import diagnosing
 
@@ -67,11 +68,7 @@ class ProxyHandler(BaseHTTPRequestHandler):
     def _identify(self, route: str) -> bool:
         """The caller (``caller``: a kvlab.tenants.Caller, None without users); False after a 401."""
         users = self.px.users
-        given = self.headers.get("x-api-key") or ""
-        auth = self.headers.get("Authorization") or ""
-        if auth.lower().startswith("bearer "):
-            given = given or auth[7:].strip()
-        found = users.caller(given)
+        found = users.caller(presented_key(self.headers))
         self.caller = found if users.active else None
         if found is not None:
             return True

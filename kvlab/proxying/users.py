@@ -28,6 +28,7 @@ from ..errors import RequestError, TenantError
 from ..keys import CacheKey
 from ..primitives.display import summary_html
 from ..tenants import KeyRing, Salter, client_salt, load_secret, parse_keys, read_keys
+from .diagnosing import json_object
 
 AUTH_HEADERS = ("authorization", "x-api-key")
 
@@ -51,7 +52,7 @@ class ProxyUsers:
             self.credentials.setdefault(e.name, cred)
             first.setdefault(e.name, e.line)
         self.inject = bool(cache_salt)
-        self.salter = Salter(lambda: load_secret(secret))
+        self.salter = Salter(load_secret(secret) if self.inject else (lambda: load_secret(secret)))
 
     @property
     def active(self) -> bool:
@@ -85,13 +86,8 @@ class ProxyUsers:
         """A JSON object body with ``caller``'s salt as its ``cache_salt``; any other body as it
         came (the upstream says what is wrong with it). RequestError (400) for a client's
         ``cache_salt`` that is not a non-empty string."""
-        if not self.inject or not raw:
-            return raw
-        try:
-            body = json.loads(raw)
-        except (ValueError, UnicodeDecodeError):
-            return raw
-        if not isinstance(body, dict):
+        body = json_object(raw) if self.inject and raw else None
+        if body is None:
             return raw
         body["cache_salt"] = self.salt(caller, client_salt(body))
         return json.dumps(body).encode()

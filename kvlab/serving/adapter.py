@@ -19,9 +19,9 @@ each call is attributed to the request it belongs to. A lookup may reuse at most
 
 Tenants (kvlab.tenants): the handler assigns each request its namespace before mlx-lm sees it
 (``assign``); every key of the request, looked up or inserted, carries that namespace's salt, and
-its misses are explained from its tenant's memory alone. On a server with several tenants a call
-that cannot be attributed to a request is neither looked up nor inserted (it could only be keyed
-unsalted). Each event row names the tenant it belongs to: a store's removal the tenant whose
+its misses are explained from its tenant's memory alone. A call whose namespace is unknown (on a
+server of tenants: any unattributed call; once a request was salted: a request's call after it
+ended) is neither looked up nor inserted: it could only be keyed unsalted. Each event row names the tenant it belongs to: a store's removal the tenant whose
 entry left (an entry nobody here inserted: no tenant, only the admin sees it).
 
 Example:
@@ -65,6 +65,7 @@ class Attribution:
         self.finishing_rid: int | None = None
         self.finishing_space = None
         self.spaces: dict[int, object] = {}  # rid -> its Namespace, from the handler's assign()
+        self.salting = False  # some request was salted: a request's call after its end is not keyed
         self.inflight: dict[int, tuple[tuple[int, ...], set[int]]] = {}
         self.requests: dict[int, dict] = {}  # rid -> what its lookup found (read by the ledger)
         self.evicted: dict[int, int] = {}  # rid -> entries evicted for room during its calls
@@ -85,6 +86,7 @@ class Attribution:
         """Request ``rid``'s namespace (kvlab.tenants.Namespace), before mlx-lm takes it."""
         with self.lock:
             self.spaces[rid] = namespace
+            self.salting = self.salting or getattr(namespace, "salt", None) is not None
 
     def space(self, rid):
         """The namespace of request ``rid`` (the finishing one's after it ended); None if unknown."""
@@ -174,7 +176,8 @@ class StoreAdapter(Attribution):
         included, on a server without tenants); None on a server of tenants when ``rid`` has no
         namespace."""
         ns = self.space(rid)
-        if ns is None and self.tenancy.isolated:
+        # a request's call after its end (its client left mid-prefill) may have been salted
+        if ns is None and (self.tenancy.isolated or (self.salting and rid is not None)):
             self.events.add("error", request=rid, detail="a prompt-cache call no request of a known "
                             "tenant owns: not looked up, not stored")
             return None

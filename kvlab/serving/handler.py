@@ -38,7 +38,7 @@ from urllib.parse import parse_qs, urlsplit
 from mlx_lm.server import APIHandler
 
 from ..errors import DiagnosticsError, GenerationError, RequestError
-from ..tenants import client_salt
+from ..tenants import client_salt, presented_key
 from . import anthropic, chat_checks, prometheus, responses
 from .response_writer import ResponsesWriter
 
@@ -231,11 +231,7 @@ class KvlabHandler(APIHandler):
     # -- internals --------------------------------------------------------------------------------
     def _authorised(self, route: str) -> bool:
         """Identify the caller (``kv_caller``, kvlab.tenants.Caller) by its key; False after a 401."""
-        given = self.headers.get("x-api-key") or ""
-        auth = self.headers.get("Authorization") or ""
-        if auth.lower().startswith("bearer "):
-            given = given or auth[7:].strip()
-        self.kv_caller = self.kv.tenancy.caller(given)  # constant time over every key
+        self.kv_caller = self.kv.tenancy.caller(presented_key(self.headers))  # constant time over every key
         if self.kv_caller is not None:
             return True
         msg = "missing or wrong API key: send 'Authorization: Bearer KEY' or 'x-api-key: KEY'"

@@ -12,10 +12,10 @@ Example:
 """
 
 from .door import Tenancy
-from .keyring import ADMIN, DEFAULT, Caller, KeyEntry, KeyRing, parse_keys, read_keys
+from .keyring import ADMIN, DEFAULT, Caller, KeyEntry, KeyRing, parse_keys, presented_key, read_keys
 from .salts import SALT_MARK, Namespace, PublicPrefixes, Salter, client_salt, key_of
 from .secret import default_path, load_secret
 
 __all__ = ["ADMIN", "DEFAULT", "SALT_MARK", "Caller", "KeyEntry", "KeyRing", "Namespace", "PublicPrefixes",
            "Salter", "Tenancy", "client_salt", "default_path", "key_of", "load_secret", "parse_keys",
-           "read_keys"]
+           "presented_key", "read_keys"]

@@ -54,7 +54,9 @@ class Tenancy:
                               "api_key or api_keys too")
         else:
             ring = KeyRing.open()
-        return cls(ring, Salter(lambda: load_secret(secret)), PublicPrefixes(public))
+        # a server with salted tenants reads (or creates) its secret now: a bad one fails at start
+        salted = api_keys is not None or admin_key is not None
+        return cls(ring, Salter(load_secret(secret) if salted else (lambda: load_secret(secret))), PublicPrefixes(public))
 
     @property
     def required(self) -> bool:

@@ -116,6 +116,20 @@ def read_keys(path, *, extra: int = 0) -> tuple[KeyEntry, ...]:
     return parse_keys(text, source=str(path), extra=extra)
 
 
+def presented_key(headers) -> str:
+    """The key a request presents: ``x-api-key``, else ``Authorization: Bearer KEY`` ("" if none).
+
+    Example:
+        >>> presented_key({"Authorization": "Bearer sk-1"}), presented_key({})
+        ('sk-1', '')
+    """
+    given = headers.get("x-api-key") or ""
+    auth = headers.get("Authorization") or ""
+    if not given and auth.lower().startswith("bearer "):
+        given = auth[7:].strip()
+    return given
+
+
 def _digest(key: str) -> bytes:
     return hashlib.sha256(key.encode("utf-8", "surrogatepass")).digest()
 

@@ -44,7 +44,7 @@ def test_bad_keys_files_name_the_line(text, line, what):
         parse_keys(text, source="keys.txt")
 
 
-def test_other_bad_settings():
+def test_other_bad_settings(tmp_path):
     with pytest.raises(TenantError, match="no keys"):
         parse_keys("# nothing\n")
     with pytest.raises(TenantError, match="also a tenant's key"):
@@ -55,6 +55,10 @@ def test_other_bad_settings():
         Tenancy.configure(admin_key="root")
     with pytest.raises(TenantError, match="cannot read the keys file"):
         read_keys("/nonexistent/keys.txt")
+    bad = tmp_path / "secret"
+    bad.write_text("not a secret\n")
+    with pytest.raises(TenantError, match="not 64 hex digits"):  # at start, not on a first request
+        Tenancy.configure(api_keys={"ka": "alice"}, secret=bad)
 
 
 def test_lookup_compares_every_key_whatever_matches(monkeypatch):
@@ -73,12 +77,14 @@ def test_lookup_compares_every_key_whatever_matches(monkeypatch):
         assert calls == [(32, 32)] * 7, given
 
 
-def test_one_key_or_none_is_one_unsalted_tenant_that_sees_all():
-    lone = Tenancy.configure(api_key="k")
+def test_one_key_or_none_is_one_unsalted_tenant_that_sees_all(tmp_path):
+    lone = Tenancy.configure(api_key="k", secret=tmp_path / "s")
     caller = lone.caller("k")
     assert caller.admin and not caller.salted and not lone.isolated and lone.caller("x") is None
     assert Tenancy.configure().caller(None) == caller  # no key at all: anyone
-    with_admin = Tenancy.configure(api_key="k", admin_key="root")
+    assert not (tmp_path / "s").exists()  # no salted tenant: no secret read or made
+    with_admin = Tenancy.configure(api_key="k", admin_key="root", secret=tmp_path / "s")
+    assert (tmp_path / "s").exists()  # salted tenants: the secret is read (made) at start
     assert with_admin.isolated and not with_admin.caller("k").admin and with_admin.caller("root").admin
 
 
