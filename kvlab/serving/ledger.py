@@ -176,7 +176,8 @@ class Ledger:
         return self._tenants[tenant]
 
     def _record(self, rid, r, info, result: Result, status, end) -> dict:
-        return {"request": rid, "tenant": r["tenant"], "key": info.get("key"), "arrival": r["arrival"], "finish": r["arrival"] + (end - r["t0"]),
+        return {"request": rid, "tenant": r["tenant"], "key": info.get("key"), "arrival": r["arrival"],
+                "finish": r["arrival"] + (end - r["t0"]),
                 "ttft_s": result.ttft_s, "e2e_s": end - r["t0"], "reused_tokens": r["reused"],
                 "match": result.match, "status": status, "finish_reason": r["finish_reason"],
                 "api": r["api"], "stream": r["stream"], "normalise": r["normalised"], **self.meta,
