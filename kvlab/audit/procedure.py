@@ -15,7 +15,8 @@ attacker's key, which the caller says is of the victim's tenant or of another), 
 
 Plus the metadata verdict, from the same probes: does the ``cached_tokens`` each reported, or a
 counter the attacker's key can read (``/v1/cache/stats``, ``/kvlab/stats``; read around the first
-``metadata_pairs`` hit and miss probes), come out larger for every hit probe than for any miss? And the smallest shared length the timing test could detect:
+``metadata_pairs`` hit and miss probes), come out larger for every hit probe than for any miss?
+And the smallest shared length the timing test could detect:
 the measured hit times moved toward the misses by the measured time saved per shared token, for
 every token less shared, until the test stops rejecting (``smallest_shared``).
 
@@ -136,7 +137,8 @@ class Report:
         return f"Report({self.target}, {self.profile.name}: {self.verdicts()})"
 
     def _repr_html_(self) -> str:
-        rows = [[lv.level, lv.verdict, lv.measure, f"{lv.ks.d:.2f}" if lv.ks else "", f"{lv.p:.2g}" if lv.p is not None else "",
+        rows = [[lv.level, lv.verdict, lv.measure, f"{lv.ks.d:.2f}" if lv.ks else "",
+                 f"{lv.p:.2g}" if lv.p is not None else "",
                  _ms(_median(lv.hit)), _ms(_median(lv.miss)), len(lv.hit) + len(lv.miss), lv.metadata_leak]
                 for lv in self.levels]
         return summary_html("kvlab audit", self.target, repr(self.profile), body=table_html(

@@ -34,17 +34,20 @@ def register(sub) -> None:
 def run(args) -> int:
     from ..audit import audit
 
+    def say(msg):
+        print(f"kvlab audit: {msg}", file=sys.stderr, flush=True)
+
     report = audit(args.url, args.victim_key, args.attacker_key, levels=args.level, profile=args.profile,
-                   seed=args.seed, model=args.model,
-                   progress=None if args.json else (lambda msg: print(f"kvlab audit: {msg}", file=sys.stderr, flush=True)))
+                   seed=args.seed, model=args.model, progress=None if args.json else say)
     if args.json:
         print(json.dumps(report.to_json(), indent=2))
         return 0
     print(f"{report.target} · profile {report.profile!r}")
     for lv in report.levels:
         row = lv.to_json()
-        print(f"  {lv.level:>12}: {lv.verdict:<12} D+ {row['ks_d']:.2f}  p {row['p']:.2g}  hit {row['hit_median_s'] * 1e3:.1f} ms"
-              f"  miss {row['miss_median_s'] * 1e3:.1f} ms  ({lv.measure}, {lv.fraction:.0%} shared, victim x{lv.repeats}, "
+        print(f"  {lv.level:>12}: {lv.verdict:<12} D+ {row['ks_d']:.2f}  p {row['p']:.2g}"
+              f"  hit {row['hit_median_s'] * 1e3:.1f} ms  miss {row['miss_median_s'] * 1e3:.1f} ms"
+              f"  ({lv.measure}, {lv.fraction:.0%} shared, victim x{lv.repeats}, "
               f"{row['samples']} samples)  metadata {'leaks' if lv.metadata_leak else 'silent'}"
               f"{': ' + ', '.join(lv.metadata) if lv.metadata else ''}")
     print(f"  smallest shared length the timing test could detect: {report.smallest_detectable_tokens} tokens")

@@ -72,7 +72,8 @@ from .provider import (ANTHROPIC_BETA, ANTHROPIC_TYPES, OPENAI_REASONS, OPENAI_T
                        openai_unavailable)
 from .shape import APIS, Message, PromptShape, ToolDef, canonical_json, shape_of
 
-__all__ = ["ANTHROPIC_BETA", "ANTHROPIC_TYPES", "APIS", "Comparison", "DominantMiss", "Entry", "FingerprintLog", "Message", "SeenBy",
+__all__ = ["ANTHROPIC_BETA", "ANTHROPIC_TYPES", "APIS", "Comparison", "DominantMiss", "Entry", "FingerprintLog", "Message",
+           "SeenBy",
            "OPENAI_REASONS", "OPENAI_TYPES", "PROVIDERS", "PromptShape", "TYPES", "TokenDetail", "ToolDef",
            "ToolsChange", "answer", "anthropic_diagnostics", "anthropic_not_found", "anthropic_request",
            "anthropic_type", "anthropic_unavailable", "canonical_json", "compare", "diagnose", "dominant_miss",

@@ -21,8 +21,9 @@ Tenants (kvlab.tenants): the handler assigns each request its namespace before m
 (``assign``); every key of the request, looked up or inserted, carries that namespace's salt, and
 its misses are explained from its tenant's memory alone. A call whose namespace is unknown (on a
 server of tenants: any unattributed call; once a request was salted: a request's call after it
-ended) is neither looked up nor inserted: it could only be keyed unsalted. Each event row names the tenant it belongs to: a store's removal the tenant whose
-entry left (an entry nobody here inserted: no tenant, only the admin sees it).
+ended) is neither looked up nor inserted: it could only be keyed unsalted. Each event row names
+the tenant it belongs to: a store's removal the tenant whose entry left (an entry nobody here
+inserted: no tenant, only the admin sees it).
 
 Example:
     >>> adapter = StoreAdapter(kv.make_store("radix"), kv.load("tiny"), ServerEvents())

@@ -56,7 +56,8 @@ class Tenancy:
             ring = KeyRing.open()
         # a server with salted tenants reads (or creates) its secret now: a bad one fails at start
         salted = api_keys is not None or admin_key is not None
-        return cls(ring, Salter(load_secret(secret) if salted else (lambda: load_secret(secret))), PublicPrefixes(public))
+        salter = Salter(load_secret(secret) if salted else (lambda: load_secret(secret)))
+        return cls(ring, salter, PublicPrefixes(public))
 
     @property
     def required(self) -> bool:
