@@ -23,8 +23,8 @@ from dataclasses import replace
 
 from .. import device
 from ..errors import KvlabError
-from . import (blas, exp, hashing, memory, policies, proxy, quantization, served_checkpoints, serving, simulator,
-               snapshot, tenants, tiers, ttft, vlm_peers)
+from . import (blas, cluster, exp, hashing, memory, policies, proxy, quantization, route, served_checkpoints,
+               serving, simulator, snapshot, tenants, tiers, ttft, vlm_peers)
 from .families import checkpoint_policies, conformance
 from .families_cache import hybrid_ttft, sliding_bytes
 from .settings import Settings
@@ -40,12 +40,14 @@ REGISTRY = {
     "memory": memory,
     "hashing": hashing,
     "simulator": simulator,
+    "cluster": cluster,
     "exp": exp,
     "quantization": quantization,
     "policies": policies,
     "serving": serving,
     "served_checkpoints": served_checkpoints,
     "proxy": proxy,
+    "route": route,
     "tiers": tiers,
     "conformance": conformance,
     "checkpoint_policies": checkpoint_policies,

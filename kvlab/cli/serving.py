@@ -52,6 +52,8 @@ def register(sub) -> None:
                    help="where prefill stops to snapshot a prompt (caches that cannot be cut back are "
                    "reusable only there): segment_ends (default, mlx-lm's server), message_ends, "
                    "tail:N, every:N, last_message, log_spaced, cost_aware, none")
+    s.add_argument("--kv-events", default=None, metavar="tcp://127.0.0.1:PORT",
+                   help="publish the store as vLLM 0.10.2 KV events (ZMQ PUB, msgpack) on this address")
     s.set_defaults(func=serve)
 
 
@@ -83,7 +85,7 @@ def serve(args) -> int:
                     api_key=args.api_key, block_size=args.block_size, max_tokens=args.max_tokens,
                     disk=args.disk, disk_budget=args.disk_budget, checkpoints=args.checkpoints,
                     api_keys=args.api_keys, admin_key=args.admin_key, tenant_secret=args.tenant_secret,
-                    public_prefix=public)
+                    public_prefix=public, kv_events=args.kv_events)
     server.start()
     budget = server.budget_bytes if server.budget_bytes is not None else "unbounded"
     in_foreground(server, f"kvlab serve: {server.url} · model {server.model.name} in {server.model.dtype_label} · "
@@ -92,6 +94,7 @@ def serve(args) -> int:
                   f"{' · recording ' + str(args.record) if args.record else ''}"
                   f"{' · disk tier ' + str(args.disk) if args.disk else ''} · metrics at {server.url}/metrics"
                   f"{' · tenants ' + ', '.join(server.tenancy.keyring.tenants) if args.api_keys else ''}"
+                  f"{' · KV events ' + server.kv_events.endpoint if server.kv_events else ''}"
                   " · Ctrl-C to stop", server.wait)
     s = server.stats()
     print(f"kvlab serve: stopped after {s['requests']} requests, token hit {s['token_hit_rate']:.1%}, "

@@ -69,6 +69,7 @@ class Exchange:
     watch: Watch = field(default_factory=Watch)
     first: float | None = None
     row: dict | None = None
+    upstream: str | None = None  # the server it went to (a router's choice; a proxy's one upstream)
     _ids: object = field(default=None, repr=False)  # array('q') of token ids or tuple of hashes; () unreadable
     _prompt: Prompt | None = field(default=None, repr=False)
     _lock: threading.RLock = field(default_factory=threading.RLock, repr=False)

@@ -9,6 +9,11 @@ is relayed chunk by chunk as it arrives (HTTP/1.1 chunked to the client, one wri
 anything else is read whole and sent with its length. ``GET /kvlab/requests`` lists the rows
 (kvlab.proxying.conversation); ``?since=N`` only those after the first N, for a client that polls.
 
+The upstream is the proxy's ``choose(route, exchange)`` (a Proxy has one; a router,
+kvlab.cluster.router, picks one per request and names it in the response's headers); one that
+that cannot be reached goes to ``refused(...)``, which may name another to try (only when the
+request was not sent: one the upstream received is never run twice).
+
 Users (kvlab.proxying.users): with ``--users`` every route first identifies the caller by its key
 (401 otherwise, in the route's error shape); the key is swapped for the user's upstream
 credential, a ``cache_salt`` injected with ``--cache-salt`` (a client's own that is not a string:
@@ -91,6 +96,9 @@ class ProxyHandler(BaseHTTPRequestHandler):
             return prometheus.write(self, self.px.metrics, admin=self.caller is None or self.caller.admin)
         if route in GET_ROUTES:
             return self._relay(route, None, None)
+        own = self.px.answer_get(route, parse_qs(urlsplit(self.path).query))
+        if own is not None:
+            return self._json(*own)
         self._json(404, _error(route, f"unknown route GET {route}; the proxy forwards GET "
                                f"{', '.join(GET_ROUTES)} and answers GET /kvlab/requests", "not_found_error"))
 
@@ -103,7 +111,7 @@ class ProxyHandler(BaseHTTPRequestHandler):
             return self._json(404, _error(route, f"unknown route POST {route}; the proxy forwards POST "
                                           f"{', '.join(POST_ROUTES)}", "not_found_error"))
         try:
-            question = diagnosing.asked(route, raw, self.headers)
+            question = diagnosing.asked(route, raw, self.headers) if self.px.answers_diagnostics else None
             if self.caller is not None:
                 raw = self.px.users.body(raw, self.caller)  # the user's cache_salt, if injected
         except (DiagnosticsError, RequestError) as e:
@@ -122,19 +130,28 @@ class ProxyHandler(BaseHTTPRequestHandler):
 
     # -- forwarding -------------------------------------------------------------------------------
     def _relay(self, route: str, raw: bytes | None, ex, question=None) -> None:
-        conn = self.px.connect()
-        try:
+        self.target, tried = self.px.choose(route, ex), []
+        while self.target is not None:
+            conn, sent = self.px.connect(self.target), False
             try:
-                conn.request(self.command, self.px.base_path + self.path, body=raw, headers=self._headers(raw))
+                conn.request(self.command, self.target.base_path + self.path, body=raw, headers=self._headers(raw))
+                sent = True
                 resp = conn.getresponse()
+                break
             except (OSError, http.client.HTTPException) as e:
-                msg = (f"the upstream {self.px.upstream} cannot be reached: {_cause(e)}; check that it "
-                       "is running and that --upstream names it")
-                log.warning("kvlab proxy: %s", msg)
-                if ex is not None:  # the row first: a client that has its answer finds the row
-                    self._finish(ex, status="upstream_unreachable", http_status=502, error=msg)
-                self._json(502, _error(route, msg, "api_error"))
-                return
+                self.px.release(conn)
+                tried.append((self.target.url, _cause(e)))
+                self.target = self.px.refused(self.target, ex, _cause(e), sent)
+        else:
+            msg = self.px.unreachable(tried)
+            log.warning("kvlab proxy: %s", msg)
+            if ex is not None:  # the row first: a client that has its answer finds the row
+                self._finish(ex, status="upstream_unreachable", http_status=502, error=msg)
+            self._json(502, _error(route, msg, "api_error"))
+            return
+        if ex is not None:
+            ex.upstream = self.target.url
+        try:
             answer = None
             if question is not None and resp.status == 200:
                 prints = self.px.fingerprints
@@ -153,7 +170,7 @@ class ProxyHandler(BaseHTTPRequestHandler):
         try:
             data = resp.read()
         except (OSError, http.client.HTTPException) as e:
-            msg = f"the upstream {self.px.upstream} broke off its response: {_cause(e)}"
+            msg = f"the upstream {self.target.url} broke off its response: {_cause(e)}"
             if ex is not None:
                 self._finish(ex, status="upstream_error", http_status=502, error=msg)
             self._json(502, _error(route, msg, "api_error"))
@@ -240,7 +257,7 @@ class ProxyHandler(BaseHTTPRequestHandler):
         for k, v in resp.getheaders():
             if k.lower() not in DROP:
                 self.send_header(k, v)
-        for k, v in extra:
+        for k, v in (*extra, *self.target.headers):
             self.send_header(k, v)
         self.end_headers()
 

@@ -23,6 +23,7 @@ import http.client
 import logging
 import os
 import threading
+from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from ..diagnostics import FingerprintLog
@@ -69,7 +70,8 @@ class Proxy(Listening):
                  record_text: bool = False, tokenizer=None, diagnose=None, timeout: float = 600.0,
                  block_size: int = 16, min_common: int = 1, history: int = 128, users=None,
                  admin_key: str | None = None, cache_salt: bool = False, tenant_secret=None):
-        self.upstream, self._scheme, self._netloc, self.base_path = _parse_upstream(upstream)
+        self.target = upstream_of(upstream)
+        self.upstream = self.target.url
         self.users = ProxyUsers(users, admin_key=admin_key, cache_salt=cache_salt, secret=tenant_secret)
         self.listener = Listener(host, port, "kvlab proxy", log)
         self.timeout = float(timeout)
@@ -113,9 +115,31 @@ class Proxy(Listening):
         with self._lock:
             (self._clients.add if alive else self._clients.discard)(sock)
 
-    def connect(self) -> http.client.HTTPConnection:
-        """A new connection to the upstream (closed by :meth:`release`; :meth:`stop` cuts it)."""
-        conn = (_HTTPS if self._scheme == "https" else _HTTP)(self._netloc, timeout=self.timeout)
+    answers_diagnostics = True  # a router (kvlab.cluster.router) passes its upstreams' own through
+
+    def choose(self, route: str, ex) -> "Upstream | None":
+        """Where a request goes (a proxy has one upstream; a router picks one per request)."""
+        return self.target
+
+    def refused(self, target: "Upstream", ex, cause: str, sent: bool) -> "Upstream | None":
+        """Where a request goes after ``target`` could not be reached (``sent``: after it received
+        the request): nowhere (a 502)."""
+        return None
+
+    def unreachable(self, tried: list) -> str:
+        """The 502's message, ``tried`` the (url, cause) of each upstream the request could not reach."""
+        url, cause = tried[-1] if tried else (self.upstream, "not tried")
+        return f"the upstream {url} cannot be reached: {cause}; check that it is running and that --upstream names it"
+
+    def answer_get(self, route: str, query: dict) -> "tuple[int, object] | None":
+        """(status, JSON) for a GET route of its own beyond /kvlab/requests and /metrics (None: 404)."""
+        return None
+
+    def connect(self, target: "Upstream | None" = None) -> http.client.HTTPConnection:
+        """A new connection to ``target`` (default: the upstream; closed by :meth:`release`;
+        :meth:`stop` cuts it)."""
+        target = target or self.target
+        conn = (_HTTPS if target.scheme == "https" else _HTTP)(target.netloc, timeout=self.timeout)
         with self._lock:
             self._upstreams.add(conn)
         return conn
@@ -134,7 +158,7 @@ class Proxy(Listening):
             self.view.add(self, row, self.tracker.ids(ex) if self.tokenizer is not None else None)
         if self.recorder is not None and row["status"] in RAN:
             ids = self.tracker.ids(ex) if self.tokenizer is not None else None
-            rec = {**row, "upstream": self.upstream, "prompt_ids": None if ids is None else list(ids),
+            rec = {**row, "upstream": ex.upstream or self.upstream, "prompt_ids": None if ids is None else list(ids),
                    "messages": list(ex.prompt.messages) if ex.prompt.messages is not None else None,
                    "key": self.users.key(ids, ex.caller)}
             rec["diagnosis"] = jsonable(row["diagnosis"])
@@ -217,14 +241,40 @@ def proxy(upstream: str, port: int = 0, record=None, tokenizer=None, **kwargs) -
     return Proxy(upstream, port=port, record=record, tokenizer=tokenizer, **kwargs).start()
 
 
-def _parse_upstream(url: str):
+@dataclass(frozen=True)
+class Upstream:
+    """A server requests go to: its base ``url`` (no trailing /v1), ``scheme``, ``netloc`` (host:port),
+    ``base_path`` and the ``headers`` a response from it gets (a router's ``x-kvlab-upstream``)."""
+
+    url: str
+    scheme: str
+    netloc: str
+    base_path: str
+    headers: tuple = ()
+
+    def __repr__(self) -> str:
+        return f"Upstream({self.url})"
+
+    def _repr_html_(self) -> str:
+        return summary_html(repr(self), code=True)
+
+
+def upstream_of(url: str, header: str | None = None) -> Upstream:
+    """The Upstream at ``url`` (a server's base URL; a trailing ``/v1`` is dropped); ``header``
+    names it in each response it answers.
+
+    Example:
+        >>> upstream_of("http://127.0.0.1:8080/v1").url
+        'http://127.0.0.1:8080'
+    """
     parts = urlsplit(str(url))
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise KvlabError(f"--upstream must be a server's base URL such as http://127.0.0.1:8080, "
                          f"got {url!r}")
     path = parts.path.rstrip("/")
     path = path[:-3] if path.endswith("/v1") else path
-    return f"{parts.scheme}://{parts.netloc}{path}", parts.scheme, parts.netloc, path
+    base = f"{parts.scheme}://{parts.netloc}{path}"
+    return Upstream(base, parts.scheme, parts.netloc, path, ((header, base),) if header else ())
 
 
 def _tokenizer(tok):

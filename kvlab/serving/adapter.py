@@ -148,6 +148,7 @@ class StoreAdapter(Attribution):
         self._entries: dict[str, tuple[str, int]] = {}  # store entry -> (segment, bytes)
         self.positionless = model.layout.kind_set <= {"recurrent"}
         self.peak_bytes = 0
+        self.listeners: list = []  # fn(rid, key, store events, offered) after each drain (kvlab.serving.kv_publisher)
 
     # -- mlx-lm's interface -----------------------------------------------------------------------
     def fetch_nearest_cache(self, model_key, tokens):
@@ -300,6 +301,11 @@ class StoreAdapter(Attribution):
 
     def _drain(self, rid, segment, key, *, offered: bool = True) -> None:
         events = self.core.drain(rid, key, offered=offered, scope=self.scope(rid), segment=segment)
+        for fn in self.listeners:
+            try:
+                fn(rid, key, events, offered)
+            except Exception as e:  # noqa: BLE001  a listener must not kill mlx-lm's generation thread
+                self._error("store event listener", rid, e)
         for ev in events:
             if ev.event in ADDS:
                 self._entries[str(ev.entry)] = (segment or "user", ev.nbytes)

@@ -65,8 +65,8 @@ class Server(Listening):
                  host: str = "127.0.0.1", port: int = 0, record=None, record_text: bool = False, normalise: bool = False,
                  api_key: str | None = None, block_size: int = 16, max_size: int = 10,
                  max_tokens: int = 512, decode_concurrency: int = 32, prompt_concurrency: int = 8,
-                 disk=None, disk_budget=None, checkpoints="segment_ends", api_keys=None,
-                 admin_key: str | None = None, tenant_secret=None, public_prefix=()):
+                 disk=None, disk_budget=None, checkpoints="segment_ends", kv_events: str | None = None,
+                 api_keys=None, admin_key: str | None = None, tenant_secret=None, public_prefix=()):
         from ..checkpoints import parse_policy
         from ..loader import load
         from ..models.loading import Model
@@ -109,6 +109,12 @@ class Server(Listening):
         self._done = threading.Event()  # stopped, or generation failed for good
         self.failure = None  # the GenerationError that ended generation for good
         self.metrics = ServerMetrics(self)  # GET /metrics (kvlab.serving.prometheus)
+        self.kv_events = None  # vLLM-format KV events of the store (kvlab.serving.kv_publisher)
+        if kv_events is not None:
+            from .kv_publisher import KVEventPublisher
+
+            self.kv_events = KVEventPublisher(kv_events, self.adapter.store, block_size)
+            self.adapter.listeners.append(self.kv_events.on_drain)
 
     def _adapter(self, store, budget_bytes, block_size, max_size):
         """The store behind the reuse core: by name exactly what ``kv.make_store(name)`` builds."""
@@ -167,6 +173,8 @@ class Server(Listening):
         self.ledger.close()
         if self.recorder is not None:
             self.recorder.close()
+        if self.kv_events is not None:
+            self.kv_events.close()
 
     def wait(self) -> None:
         """Block until :meth:`stop` is called or generation fails for good (``failure`` says why;
@@ -227,7 +235,8 @@ class Server(Listening):
                 "model": self.model.name, "url": self.url,
                 "batching": "one request at a time (VLM)" if self.model.kind == "vlm" else "continuous",
                 "generation_restarts": self.generator.kv_restarts if self.generator else 0,
-                "failure": None if self.failure is None else str(self.failure)}
+                "failure": None if self.failure is None else str(self.failure),
+                "kv_events": None if self.kv_events is None else self.kv_events.info()}
 
     def invariants(self) -> dict:
         """The store's invariants (see StoreAdapter.invariants) plus no request left running."""
@@ -261,7 +270,9 @@ def serve(model="tiny", store="radix", **kwargs) -> Server:
     sequence of normalisation Rules), ``api_key``, ``block_size`` (paged store and recorded kvlab
     hash ids), ``max_size`` (mlx-lru entries), ``max_tokens`` (default per request),
     ``decode_concurrency``, ``prompt_concurrency``, ``checkpoints`` (where prefill stops to
-    snapshot: a ``kvlab.checkpoints`` spec; default ``segment_ends``, mlx-lm's).
+    snapshot: a ``kvlab.checkpoints`` spec; default ``segment_ends``, mlx-lm's), ``kv_events`` (a ZMQ
+    address such as ``tcp://127.0.0.1:0``: the store published as vLLM KV events,
+    kvlab.serving.kv_publisher).
 
     Example:
         >>> with kv.serve("tiny", "paged", budget="64MiB") as server:

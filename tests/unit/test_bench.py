@@ -27,8 +27,9 @@ def test_table_markdown_and_html():
 
 
 def test_registry_order_and_sections():
-    assert bench.SECTIONS == ("blas", "ttft", "snapshot", "memory", "hashing", "simulator", "exp", "quantization",
-                              "policies", "serving", "served_checkpoints", "proxy", "tiers", "conformance",
+    assert bench.SECTIONS == ("blas", "ttft", "snapshot", "memory", "hashing", "simulator", "cluster", "exp",
+                              "quantization",
+                              "policies", "serving", "served_checkpoints", "proxy", "route", "tiers", "conformance",
                               "checkpoint_policies", "hybrid_ttft", "sliding_bytes", "vlm_peers", "tenants")
     for name, section in bench.REGISTRY.items():
         assert isinstance(section.NEEDS_MODEL, bool) and callable(section.table), name
