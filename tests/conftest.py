@@ -43,6 +43,17 @@ def tiny_hybrid():
 
 
 @pytest.fixture(scope="session")
+def family():
+    """family("llama4") -> kv.load("tiny:llama4"), each loaded once per session (a load reads the
+    Qwen tokenizer: seconds, where the tiny model's requests take milliseconds)."""
+    import functools
+
+    import kvlab as kv
+
+    return functools.cache(lambda model_type: kv.load(f"tiny:{model_type}"))
+
+
+@pytest.fixture(scope="session")
 def smol():
     """The embedded SmolLM2-135M-Instruct (converted once into KVLAB_HOME)."""
     import kvlab as kv

@@ -44,7 +44,10 @@ from ..reuse import PrefixCache
 from .events import ServerEvents
 
 SEGMENTS = ("assistant", "user", "system")  # mlx-lm's cache types, in its eviction order
-KIND = {"system": "system", "user": "prompt", "assistant": "prompt+output"}  # kvlab insert kinds
+# kvlab insert kinds: a segment's end is a snapshot taken while prefilling, what kv.Engine offers
+# as a "checkpoint" (a paged store lets a deeper one supersede its window; mlx-lm's LRU types it
+# "system"); prompt + output is what the Engine keys with keying="prompt+output"
+KIND = {"system": "checkpoint", "user": "checkpoint", "assistant": "prompt+output"}
 ADDS, REMOVES = ("insert", "block_stored"), ("evict", "block_removed")
 # the paged store's recurrent checkpoints and window KV, counted on the block they belong to
 PARTS = {"checkpoint_stored": 1, "window_stored": 1, "checkpoint_removed": -1, "window_released": -1}
@@ -67,6 +70,7 @@ class Attribution:
         self.finishing_space = None
         self.spaces: dict[int, object] = {}  # rid -> its Namespace, from the handler's assign()
         self.salting = False  # some request was salted: a request's call after its end is not keyed
+        self.ending: dict[int, object] = {}  # rid -> what hands its end to its client (finishing)
         self.inflight: dict[int, tuple[tuple[int, ...], set[int]]] = {}
         self.requests: dict[int, dict] = {}  # rid -> what its lookup found (read by the ledger)
         self.evicted: dict[int, int] = {}  # rid -> entries evicted for room during its calls
@@ -96,10 +100,24 @@ class Attribution:
                 return self.finishing_space
             return self.spaces.get(rid)
 
-    def finishing(self, rid) -> None:
+    def finishing(self, rid, release=None) -> None:
+        """mlx-lm ended request ``rid``: its prompt + output offer comes next (every loop offers it
+        right after the end). ``release()`` hands the end to the client once that offer's rows
+        are in the event log, so a client that has its whole response finds all its rows."""
         with self.lock:
             self.finishing_rid = rid
             self.finishing_space = self.spaces.get(rid)
+            if rid is not None and release is not None:
+                self.ending[rid], release = release, None
+        if release is not None:
+            release()
+
+    def final_offered(self, rid) -> None:
+        """Request ``rid``'s prompt + output offer is done (its rows are in): release its end."""
+        with self.lock:
+            release = self.ending.pop(rid, None)
+        if release is not None:
+            release()
 
     def end(self, rid) -> None:
         """The request is over (finished, failed or its client left): it references nothing."""
@@ -169,8 +187,10 @@ class StoreAdapter(Attribution):
             key = None if toks is None else self.key_for(rid, toks)
             if cache_type == "assistant":
                 self.finishing_rid = self.finishing_space = None
-            if toks is not None and key is None:
-                return  # not attributable on a server of tenants: never stored unsalted
+            if toks is not None and key is None:  # not attributable: never stored unsalted
+                if cache_type == "assistant":
+                    self.final_offered(rid)  # the client's end is still released
+                return
             self.offer(rid, toks, key, prompt_cache, ids, cache_type=cache_type)
 
     def key_for(self, rid, toks):
@@ -229,7 +249,15 @@ class StoreAdapter(Attribution):
                     info[field] = "; ".join(w for w in (info.get(field), why) if w)
 
     def offer(self, rid, toks, key, prompt_cache, ids, *, cache_type: str = "assistant") -> None:
-        """Offer ``prompt_cache`` (holding ``ids``, keyed ``key``) to the store for request ``rid``."""
+        """Offer ``prompt_cache`` (holding ``ids``, keyed ``key``) to the store for request ``rid``;
+        ``cache_type="assistant"`` (prompt + output) is a request's last offer."""
+        try:
+            self._offer(rid, toks, key, prompt_cache, ids, cache_type)
+        finally:
+            if cache_type == "assistant":
+                self.final_offered(rid)
+
+    def _offer(self, rid, toks, key, prompt_cache, ids, cache_type: str) -> None:
         with self.lock:
             if self.store is None:
                 self.events.add("offer", request=rid, tokens=len(ids), detail=cache_type, segment=cache_type,

@@ -107,8 +107,7 @@ class ServedDiagnostics:
     def __init__(self, model, store_name: str = "", *, store=None, max_entries: int = 1024,
                  ttl_s: float = 3600.0):
         self.model, self.store_name = model, store_name
-        policy = getattr(store, "policy", None)  # radix and paged stores evict by a named policy
-        self.policy = getattr(policy, "name", None)
+        self.policy = store.capabilities.eviction_policy if store is not None else None
         self.log = FingerprintLog(max_entries=max_entries, ttl_s=ttl_s)
         self.images: OrderedDict[str, tuple] = OrderedDict()  # response id -> a VLM request's image keys
         self.tenant_of = lambda rid: None  # request id -> tenant (the server sets its ledger's)

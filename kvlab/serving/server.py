@@ -87,8 +87,12 @@ class Server(Listening):
                                    secret=tenant_secret, public_prefix=public_prefix)
         budget_bytes = None if budget is None else parse_bytes(budget)
         self.events_log = ServerEvents()
-        if disk is not None:
-            store = self._tiered(store, disk, budget_bytes, disk_budget, block_size)
+        if disk is not None:  # the named RAM store in front of a DiskStore at disk (survives restarts)
+            from ..stores import make_store
+
+            store = make_store("tiered", ram=store, budget_bytes=budget_bytes, block_size=block_size,
+                               disk_path=disk, model=self.model,
+                               disk_budget_bytes=None if disk_budget is None else parse_bytes(disk_budget))
             budget_bytes = None
         self.store_name, self.adapter = self._adapter(store, budget_bytes, block_size, max_size)
         self.budget_bytes = self.adapter.budget_bytes
@@ -128,16 +132,6 @@ class Server(Listening):
             raise KvlabError("budget= applies to a store made by name; a store object keeps its own "
                              "budget_bytes")
         return store.name, StoreAdapter(store, self.model, self.events_log, self.tenancy)
-
-    def _tiered(self, store, disk, budget_bytes, disk_budget, block_size):
-        """A TieredStore: the named RAM store in front of a DiskStore at ``disk`` (survives restarts)."""
-        from ..stores import make_store
-
-        if store not in ("radix", "paged"):
-            raise KvlabError(f"--disk puts a disk tier behind a radix or paged RAM store, not {store!r}")
-        return make_store("tiered", ram=store, budget_bytes=budget_bytes, block_size=block_size,
-                          disk_path=disk, model=self.model,
-                          disk_budget_bytes=None if disk_budget is None else parse_bytes(disk_budget))
 
     # -- running ----------------------------------------------------------------------------------
     def start(self) -> "Server":
@@ -195,7 +189,19 @@ class Server(Listening):
     @property
     def events(self):
         """Every event so far (polars): lookup, hit/miss, offer (mlx-lm's insert with its segment
-        type), insert, evict, block_stored/removed, arrive, first_token, finish, error."""
+        type), insert, evict, block_stored/removed, arrive, first_token, finish, error.
+
+        Each read is a new snapshot: read it once and filter that (two reads may differ while
+        requests run). Promise: once a response has ended (a plain body received whole, a
+        stream's last event received), every row of its request is in it (arrive through the
+        insert of its prompt + output, after which mlx-lm ends the response), and its Result is
+        in ``results``. A request still running, or another client's, may add rows at any time.
+
+        Example:
+            >>> client.chat.completions.create(...)          # the response has ended
+            >>> ev = server.events                           # one read
+            >>> ev.filter(ev["event"] == "insert")
+        """
         return self.events_log.frame()
 
     @property
