@@ -26,7 +26,7 @@ from dataclasses import replace
 from .. import device
 from ..errors import KvlabError
 from . import (attention, blas, cluster, exp, hashing, memory, policies, prefill, proxy, quantization, route,
-               served_checkpoints, serving, simulator, snapshot, tiers, ttft, vlm_peers)
+               served_checkpoints, serving, simulator, snapshot, tenants, tiers, ttft, vlm_peers)
 from .families import checkpoint_policies, conformance
 from .families_cache import hybrid_ttft, sliding_bytes
 from .settings import Settings
@@ -58,6 +58,7 @@ REGISTRY = {
     "hybrid_ttft": hybrid_ttft,
     "sliding_bytes": sliding_bytes,
     "vlm_peers": vlm_peers,
+    "tenants": tenants,
 }
 SECTIONS = tuple(REGISTRY)
 

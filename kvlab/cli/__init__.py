@@ -15,13 +15,14 @@ import argparse
 import sys
 
 from ..errors import KvlabError
-from . import (bench, checkpoints, conformance, loadgen, notebooks, proxy, route, serving, setup, simulate,
+from . import (audit, bench, checkpoints, conformance, loadgen, notebooks, proxy, route, serving, setup, simulate,
                workload)
 
 __all__ = ["COMMANDS", "build_parser", "main"]
 
 # the command groups, in the order `kvlab --help` lists them
-COMMANDS = (setup, bench, simulate, workload, notebooks, serving, proxy, route, loadgen, checkpoints, conformance)
+COMMANDS = (setup, bench, simulate, workload, notebooks, serving, proxy, route, loadgen, checkpoints, conformance,
+            audit)
 # old command names kept for one release: old -> new
 RENAMED = {"load": "loadgen", "run": "execute"}
 

@@ -6,7 +6,10 @@ Requests pass through unchanged (kvlab.proxying.forward); each one becomes a row
 conversation: which earlier request it extends, where the prompts part, what the upstream
 reported reused) and, with ``record``, a line of kvlab's trace format (kvlab.proxying.recording).
 Binds 127.0.0.1 unless told otherwise; ``port=0`` picks a free port. ``upstream`` is the server's
-base URL (a trailing ``/v1`` is dropped: the routes carry it).
+base URL (a trailing ``/v1`` is dropped: the routes carry it). ``users`` (kvlab.proxying.users)
+makes the proxy the door: each user's key in, the user's upstream credential out, a per-user
+``cache_salt`` injected with ``cache_salt=True``, and rows, diagnostics and ``/metrics`` scoped to
+the user (``admin_key`` reads all).
 
 Example:
     >>> with kv.serve("tiny", "radix") as upstream, kv.proxy(upstream.url, tokenizer="tiny") as p:
@@ -32,6 +35,7 @@ from . import diagnosing
 from .conversation import RAN, Tracker, jsonable
 from .forward import bind_handler
 from .recording import ProxyRecorder
+from .users import ProxyUsers
 from .view import LiveView
 
 log = logging.getLogger("kvlab.proxy")
@@ -64,9 +68,11 @@ class Proxy(Listening):
 
     def __init__(self, upstream: str, *, host: str = "127.0.0.1", port: int = 0, record=None,
                  record_text: bool = False, tokenizer=None, diagnose=None, timeout: float = 600.0,
-                 block_size: int = 16, min_common: int = 1, history: int = 128):
+                 block_size: int = 16, min_common: int = 1, history: int = 128, users=None,
+                 admin_key: str | None = None, cache_salt: bool = False, tenant_secret=None):
         self.target = upstream_of(upstream)
         self.upstream = self.target.url
+        self.users = ProxyUsers(users, admin_key=admin_key, cache_salt=cache_salt, secret=tenant_secret)
         self.listener = Listener(host, port, "kvlab proxy", log)
         self.timeout = float(timeout)
         self.tokenizer = _tokenizer(tokenizer)
@@ -148,12 +154,13 @@ class Proxy(Listening):
         row = self.tracker.close(ex, **kw)
         self.metrics.finished(ex.id, row["status"])
         if row["status"] in RAN:
-            diagnosing.remember(self.fingerprints, self.tracker, ex, row["response_id"])
+            diagnosing.remember(self.fingerprints, self.tracker, ex, row["response_id"], owner=ex.user)
             self.view.add(self, row, self.tracker.ids(ex) if self.tokenizer is not None else None)
         if self.recorder is not None and row["status"] in RAN:
             ids = self.tracker.ids(ex) if self.tokenizer is not None else None
             rec = {**row, "upstream": ex.upstream or self.upstream, "prompt_ids": None if ids is None else list(ids),
-                   "messages": list(ex.prompt.messages) if ex.prompt.messages is not None else None}
+                   "messages": list(ex.prompt.messages) if ex.prompt.messages is not None else None,
+                   "key": self.users.key(ids, ex.caller)}
             rec["diagnosis"] = jsonable(row["diagnosis"])
             try:
                 self.recorder.write(rec)
@@ -166,6 +173,11 @@ class Proxy(Listening):
     def requests(self) -> list[dict]:
         """One row per finished request, in the order they finished (``GET /kvlab/requests``)."""
         return self.tracker.listing()
+
+    def requests_of(self, caller, since: int = 0) -> list[dict]:
+        """The rows ``caller`` (kvlab.tenants.Caller) may read: its user's, numbered for it, or
+        every row for the admin."""
+        return self.tracker.listing(since, user=None if caller.admin else caller.tenant)
 
     def requests_frame(self):
         """The rows as a polars DataFrame (columns: kvlab.proxying.conversation.COLUMNS).
@@ -217,7 +229,9 @@ class Proxy(Listening):
 def proxy(upstream: str, port: int = 0, record=None, tokenizer=None, **kwargs) -> Proxy:
     """A started :class:`Proxy` in front of ``upstream`` on loopback; use it as a context manager
     so it stops. Keywords: ``host``, ``record_text``, ``diagnose``, ``timeout`` (seconds to wait
-    on the upstream), ``block_size`` (recorded kvlab hash ids), ``min_common``, ``history``.
+    on the upstream), ``block_size`` (recorded kvlab hash ids), ``min_common``, ``history``,
+    ``users`` (a file or ``{key: user or (user, upstream credential)}``), ``admin_key``,
+    ``cache_salt`` (inject each user's), ``tenant_secret``.
 
     Example:
         >>> with kv.proxy("http://127.0.0.1:8080", tokenizer="smollm2") as p:

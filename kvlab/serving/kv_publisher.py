@@ -4,8 +4,9 @@ Dynamo) can see what each instance holds.
 
 The source is the reuse core's store events, handed over after each drain with the key that
 caused them (StoreAdapter.listeners). Every store is published as a *block view*: the chained
-block hashes (``CacheKey.block_hashes``, block size ``block_size``, no salt) of the full blocks it
-can serve from the start of a prompt. What each store publishes:
+block hashes (``CacheKey.block_hashes``, block size ``block_size``; on a server of tenants the
+key's keyed tenant salt is in them, kvlab.tenants) of the full blocks it can serve from the start
+of a prompt. What each store publishes:
 
 - ``paged``: its own blocks, one to one: a ``block_stored`` row is a BlockStored (parent and token
   ids from the inserting key's chain), a ``block_removed`` row a BlockRemoved (vLLM's order).

@@ -31,8 +31,8 @@ from mlx_lm.generate import make_stop_sequences, make_text_state_machine, stream
 from mlx_lm.sample_utils import make_logits_processors, make_sampler
 from mlx_lm.server import GenerationContext, Response
 
-from ..errors import KvlabError
-from ..keys import CacheKey, cache_key
+from ..errors import KvlabError, RequestError
+from ..keys import CacheKey
 from ..primitives.display import summary_html
 from ..primitives.snapshots import advance
 from ..reuse import restorable_limit
@@ -148,7 +148,10 @@ class TextRequests(SequentialRequests):
     def prepare(self, rid, request, args):
         prompt, _, _, initial_state, _ = self.tokenize(self.model.tokenizer, request, args)
         toks = request_tokens(self.model, request, prompt)
-        return toks, cache_key(toks), initial_state
+        key = self.adapter.key_for(getattr(request, "kvlab_rid", rid), toks)  # the tenant's salt
+        if key is None:
+            raise RequestError("a request no tenant owns cannot be keyed; it was not served")
+        return toks, key, initial_state
 
 
 def logits_processors(lg, prefilled) -> list:

@@ -15,6 +15,9 @@ generation thread (kvlab.serving.vlm_generator: the model is bound to each reque
 
 Binds 127.0.0.1 unless told otherwise; ``port=0`` picks a free port. ``api_key`` (default
 ``$KVLAB_API_KEY``) is checked on every route. ``budget`` is the store's ``budget_bytes``.
+``api_keys`` (a keys file or ``{key: tenant}``) serves several tenants that cannot see each other
+(kvlab.tenants: salted keys, scoped metadata; ``admin_key`` sees everything; ``tenant_secret`` the
+secret salts are keyed with; ``public_prefix`` system prompts shared by every tenant).
 
 Example:
     >>> with kv.serve("tiny", "radix") as server:
@@ -44,6 +47,7 @@ from .ledger import Ledger
 from .listener import Listener, Listening
 from .prometheus import ServerMetrics
 from .record import Recorder
+from .tenanted import TenantView, scoped_stats, tenancy_for
 
 log = logging.getLogger("kvlab.serving")
 ENV_KEY = "KVLAB_API_KEY"
@@ -61,7 +65,8 @@ class Server(Listening):
                  host: str = "127.0.0.1", port: int = 0, record=None, record_text: bool = False, normalise: bool = False,
                  api_key: str | None = None, block_size: int = 16, max_size: int = 10,
                  max_tokens: int = 512, decode_concurrency: int = 32, prompt_concurrency: int = 8,
-                 disk=None, disk_budget=None, checkpoints="segment_ends", kv_events: str | None = None):
+                 disk=None, disk_budget=None, checkpoints="segment_ends", kv_events: str | None = None,
+                 api_keys=None, admin_key: str | None = None, tenant_secret=None, public_prefix=()):
         from ..checkpoints import parse_policy
         from ..loader import load
         from ..models.loading import Model
@@ -76,7 +81,10 @@ class Server(Listening):
         self.normalise, self.record_text = bool(normalise), bool(record_text)
         # normalise=True: kv.DEFAULT_RULES; a sequence of kv Rules: those rules instead
         self.normalise_rules = None if isinstance(normalise, bool) else tuple(normalise)
-        self.api_key = api_key if api_key is not None else os.environ.get(ENV_KEY) or None
+        self.api_key = api_key if api_key is not None else (os.environ.get(ENV_KEY) or None
+                                                            if api_keys is None else None)
+        self.tenancy = tenancy_for(self.model, api_key=self.api_key, api_keys=api_keys, admin_key=admin_key,
+                                   secret=tenant_secret, public_prefix=public_prefix)
         budget_bytes = None if budget is None else parse_bytes(budget)
         self.events_log = ServerEvents()
         if disk is not None:  # the named RAM store in front of a DiskStore at disk (survives restarts)
@@ -96,6 +104,7 @@ class Server(Listening):
         self.ledger.owner = self
         # what cache diagnostics compare with: each answered request under its response id
         self.diagnostics = ServedDiagnostics(self.model, self.store_name, store=self.adapter.store)
+        self.diagnostics.tenant_of = self.ledger.tenant_of.get
         self._limits = dict(max_tokens=max_tokens, decode_concurrency=decode_concurrency,
                             prompt_concurrency=prompt_concurrency, prompt_cache_size=max_size)
         self.connections: set = set()
@@ -118,11 +127,11 @@ class Server(Listening):
         if store is None or isinstance(store, str):
             name = store or "none"
             obj = make_store(name, budget_bytes=budget_bytes, block_size=block_size, max_size=max_size)
-            return name, StoreAdapter(obj, self.model, self.events_log)
+            return name, StoreAdapter(obj, self.model, self.events_log, self.tenancy)
         if budget_bytes is not None:
             raise KvlabError("budget= applies to a store made by name; a store object keeps its own "
                              "budget_bytes")
-        return store.name, StoreAdapter(store, self.model, self.events_log)
+        return store.name, StoreAdapter(store, self.model, self.events_log, self.tenancy)
 
     # -- running ----------------------------------------------------------------------------------
     def start(self) -> "Server":
@@ -137,7 +146,7 @@ class Server(Listening):
         handler, rg, fp = bind_handler(self), self.generator, get_system_fingerprint()
         try:
             self.listener.listen(lambda *a, **k: handler(rg, *a, system_fingerprint=fp, **k),
-                                 exposed="" if self.api_key else "; set --api-key or $KVLAB_API_KEY")
+                                 exposed="" if self.tenancy.required else "; set --api-key or $KVLAB_API_KEY")
         except KvlabError:
             self.generator.stop_and_join()
             raise
@@ -208,8 +217,20 @@ class Server(Listening):
         """Call ``callback(server, result)`` after every finished request, on a listener thread."""
         self.ledger.on_result(callback)
 
-    def stats(self) -> dict:
-        """Both hit rates (named), the store's bytes and entries, the adapter's counters."""
+    def tenant(self, name: str) -> TenantView:
+        """What tenant ``name`` may see of this server (its results, event rows, stats and
+        ``on_result``): ``kv.Inspector(server.tenant("alice"))`` is that tenant's feed.
+
+        Example:
+            >>> server.tenant("alice").stats()["requests"]
+        """
+        return TenantView(self, name)
+
+    def stats(self, caller=None) -> dict:
+        """Both hit rates (named), the store's bytes and entries, the adapter's counters; for a
+        non-admin ``caller`` (kvlab.tenants.Caller) its tenant's requests and the server's settings."""
+        if caller is not None and not caller.admin:
+            return scoped_stats(self, caller)
         a = self.adapter
         return {**self.ledger.stats(), "running": len(self.ledger.inflight), "store": self.store_name,
                 "budget_bytes": self.budget_bytes, "checkpoints": self.checkpoints.spec, "bytes": a.nbytes, "entries": len(a),

@@ -10,7 +10,7 @@ which does what mlx-lm's ``_serve_single`` does, with kvlab's pieces (``kvlab.se
   Anthropic image block arrives translated to one) are tokenised by ``vlm.tokenise`` (images
   expanded to their placeholders, each keyed by the sha256 of its decoded pixels);
 - the key is ``kv.cache_key(tokens)``, exactly the Engine's: ids plus each image's pixel hash over
-  its placeholder span, so a text-only request reuses a shared system prompt, an image request
+  its placeholder span (and, on a server of tenants, the request's tenant salt: kvlab.tenants), so a text-only request reuses a shared system prompt, an image request
   reuses past an image only for the same pixels (vllm-mlx#718), and no answer changes;
 - lookup and offers go through the StoreAdapter, i.e. the reuse core the Engine runs: restore,
   prefill to the checkpoint positions of ``--checkpoints`` (offering a snapshot at each; none inside
@@ -68,9 +68,12 @@ class VLMRequests(SequentialRequests):
             raise RequestError(f"prompt of {len(prompt)} tokens ({len(toks.images)} images) + max_tokens "
                                f"{args.max_tokens} exceeds the model's context of {limit} tokens; send "
                                "fewer or smaller images, a shorter prompt or a lower max_tokens")
-        key = cache_key(toks)  # the Engine's key: the images' pixel hashes over their placeholders
-        self.ledger.tokenized(rid, prompt, images=key.extra_keys)
+        images = cache_key(toks).extra_keys  # the Engine's key: the images' pixel hashes over their placeholders
+        self.ledger.tokenized(rid, prompt, images=images)
         self.adapter.begin(rid, prompt, [prompt])
+        key = self.adapter.key_for(rid, toks)  # and the request's tenant's salt
+        if key is None:
+            raise RequestError("a request no tenant owns cannot be keyed; it was not served")
         self.images += len(toks.images)
         return toks, key, self.model.tokenizer.response_initial_state or "normal"
 

@@ -168,7 +168,7 @@ class Adapter:
 
 
 def fake_server(results, inflight=()):
-    return SimpleNamespace(ledger=SimpleNamespace(finished=lambda: list(results), on_token=None,
+    return SimpleNamespace(ledger=SimpleNamespace(finished=lambda: list(results), on_token=None, tenant_of={},
                                                   inflight=inflight), events_log=ServerEvents(), adapter=Adapter())
 
 
