@@ -104,3 +104,8 @@ class DiagnosticsError(KvlabError, ValueError):
 class ExportFileError(KvlabError, ValueError):
     """Another tool's export kvlab cannot read (an AIPerf ``profile_export_aiperf.json``/``.csv``
     that is missing, malformed or lacks a metric); the message names the file and what is missing."""
+
+
+class PressError(KvlabError, ValueError):
+    """A KV-cache press that cannot run as asked: a ratio outside [0, 1), an unknown press name, a
+    press that needs queries a layer cannot give, a model with no full-attention layer."""
