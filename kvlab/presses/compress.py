@@ -26,10 +26,11 @@ from ..models import attention
 from ..primitives import timing
 from ..primitives.display import summary_html, table_html
 from ..primitives.kv_format import check_settings, head_dims_of, maybe_quantize
-from ..primitives.snapshots import make_cache, prefill, snapshot
+from ..primitives.kept_cache import KeptBase
+from ..primitives.snapshots import make_cache, prefill, restore, snapshot
 from ..primitives.units import fmt_bytes
-from .apply import apply_press, check_compressible, left_layers, ropes_of
-from .base import Press
+from .apply import apply_press, check_compressible, full_layers, left_layers, ropes_of
+from .base import Needs, Press
 from .capture import Capture
 
 
@@ -113,38 +114,80 @@ def _end(context_end, n: int) -> int:
     return context_end
 
 
+class Prefilled:
+    """A prompt prefilled once, uncompressed, with what ``presses`` read captured on the way:
+    ``compress(press)`` then gives each press its own compressed copy (a sweep of presses and
+    ratios pays for one prefill). ``kv.compress`` is ``Prefilled(model, x, [press]).compress(press)``.
+
+    Example:
+        >>> pre = Prefilled(m, ids, [kv.press("snapkv", 0.5), kv.press("knorm", 0.5)])
+        >>> [pre.compress(kv.press(n, r)).bytes_kept for n in ("snapkv", "knorm") for r in (0.25, 0.5)]
+    """
+
+    def __init__(self, model, ids_or_messages, presses=(), *, context_end: int | None = None,
+                 step: int | None = None):
+        self.model, self.step = model, step
+        self.ids = prompt_ids(model, ids_or_messages)
+        if not self.ids:
+            raise RequestError("nothing to compress: the prompt has no tokens")
+        self.end = _end(context_end, len(self.ids))
+        cache = make_cache(model)
+        layers = check_compressible(model, cache)
+        self.left = left_layers(cache)
+        needs = Needs()
+        for p in presses:
+            needs = needs | _checked(p).needs
+        self.needs, self.capture = needs, None
+        if needs.queries:
+            ropes = ropes_of(model.net, layers) if needs.stats else {}
+            self.capture = Capture({id(c): i for i, _, c in layers}, needs, ropes)
+        t = timing.timed()
+        with attention.wrapping(self.capture) if self.capture is not None else contextlib.nullcontext():
+            self.context_logits, cache = prefill(model, self.ids[: self.end], cache, step=step)
+        self.prefill_s = t.done(self.context_logits)
+        self.snapshot = snapshot(cache)
+
+    def compress(self, press: Press, *, kv_bits: int | None = None, kv_group_size: int = 64) -> Compressed:
+        """A compressed copy of the prefilled prompt (the prefill itself is left as it is)."""
+        press = _checked(press)
+        if kv_bits is not None:
+            check_settings(kv_bits, kv_group_size, head_dims_of(self.model))
+        cache = restore(self.snapshot)
+        t = timing.timed()
+        kept, compressed = apply_press(press, cache, self.capture, full_layers(cache))
+        maybe_quantize(cache, kv_bits, kv_group_size, 0)
+        compress_s = t.done([c.state for c in cache])
+        positions = sum(int(k.nbytes) for k in kept if k is not None)
+        held = snapshot(cache).nbytes - sum(int(c.kept.nbytes) for c in _kept_caches(cache))
+        logits = self.context_logits
+        if self.end < len(self.ids):
+            logits, cache = prefill(self.model, self.ids[self.end:], cache, step=self.step, kv_bits=kv_bits,
+                                    kv_group_size=kv_group_size)
+        return Compressed(press, cache, tuple(kept), logits, self.context_logits, self.ids, self.end,
+                          self.snapshot.nbytes, held, positions, compressed, self.left, self.prefill_s, compress_s)
+
+    def __repr__(self) -> str:
+        return f"Prefilled({len(self.ids)} tokens, {self.end} to compress, {self.prefill_s:.3f} s)"
+
+    def _repr_html_(self) -> str:
+        return summary_html(repr(self), code=True)
+
+
 def compress(model, ids_or_messages, press: Press, *, context_end: int | None = None, step: int | None = None,
              kv_bits: int | None = None, kv_group_size: int = 64) -> Compressed:
     """Prefill, then compress with ``press`` (module docstring)."""
+    return Prefilled(model, ids_or_messages, [_checked(press)], context_end=context_end,
+                     step=step).compress(press, kv_bits=kv_bits, kv_group_size=kv_group_size)
+
+
+def _checked(press) -> Press:
     if not isinstance(press, Press):
-        raise PressError(f"compress takes a press (kv.press(name, ratio)), got {type(press).__name__}")
-    if kv_bits is not None:
-        check_settings(kv_bits, kv_group_size, head_dims_of(model))
-    ids = prompt_ids(model, ids_or_messages)
-    if not ids:
-        raise RequestError("nothing to compress: the prompt has no tokens")
-    end = _end(context_end, len(ids))
-    cache = make_cache(model)
-    layers = check_compressible(model, cache)
-    left = left_layers(cache)
-    needs = press.needs
-    capture = None
-    if needs.queries:
-        ropes = ropes_of(model.net, layers) if needs.stats else {}
-        capture = Capture({id(c): i for i, _, c in layers}, needs, ropes)
-    t = timing.timed()
-    with attention.wrapping(capture) if capture is not None else contextlib.nullcontext():
-        context_logits, cache = prefill(model, ids[:end], cache, step=step)
-    prefill_s = t.done(context_logits)
-    full = snapshot(cache).nbytes
-    t = timing.timed()
-    kept, compressed = apply_press(press, cache, capture, layers)
-    maybe_quantize(cache, kv_bits, kv_group_size, 0)
-    compress_s = t.done([c.state for c in cache])
-    positions = sum(int(k.nbytes) for k in kept if k is not None)
-    held = snapshot(cache).nbytes - positions
-    logits = context_logits
-    if end < len(ids):
-        logits, cache = prefill(model, ids[end:], cache, step=step, kv_bits=kv_bits, kv_group_size=kv_group_size)
-    return Compressed(press, cache, tuple(kept), logits, context_logits, ids, end, full, held, positions,
-                      compressed, left, prefill_s, compress_s)
+        raise PressError(f"a press is made with kv.press(name, ratio), got {type(press).__name__}")
+    return press
+
+
+def _kept_caches(cache):
+    for c in cache:
+        for part in getattr(c, "caches", (c,)):
+            if isinstance(part, KeptBase):
+                yield part

@@ -11,8 +11,8 @@ cache with a stale row, a wrong RoPE offset or a wrong mask moves the logits far
 
 Example:
     >>> c = kv.compress(m, ids, kv.press("snapkv", 0.5))
-    >>> want = oracle_logits(m, c, question)           # [len(question), vocab]
-    >>> got = continue_logits(m, c, question)
+    >>> want = oracle_logits(m, c, question, [next_id])   # a question block, then a decode step
+    >>> got = continue_logits(m, c, question, [next_id])
     >>> float(mx.abs(want - got).max())                # ~1e-6
 """
 
@@ -21,14 +21,20 @@ from __future__ import annotations
 import mlx.core as mx
 
 from ..models import attention
-from ..primitives.snapshots import make_cache, prefill, restore, snapshot
+from ..primitives.snapshots import prefill, restore, snapshot
 from .apply import full_layers
 
 
-def masked_attention(kept, cache, compressed_tokens: int):
+def masked_attention(kept, cache, compressed_tokens: int, *, gather: bool = False):
     """An attention wrapper hiding, on the uncompressed ``cache``, the positions below
     ``compressed_tokens`` that ``kept`` (per layer [heads, n] positions, -1 unused; None: all)
-    does not list; later positions are causal as usual."""
+    does not list; later positions are causal as usual.
+
+    ``gather=True`` computes the same attention over the listed rows taken out of the full cache
+    (then the new rows) instead of masking the others: the same keys and values in the compressed
+    cache's layout, so a correct compressed cache matches it bit for bit (masking sums over other
+    shapes, which moves float32 by rounding). A layer whose heads keep different counts (adakv)
+    is masked either way: adakv keeps every row in place and masks, exactly this layout."""
     by_cache = {id(c): kept[i] for i, _, c in full_layers(cache) if kept[i] is not None}
 
     def wrapper(call, q, k, v, c, scale, mask, sinks):
@@ -36,11 +42,18 @@ def masked_attention(kept, cache, compressed_tokens: int):
         if positions is None:
             return call(q, k, v, c, scale, mask, sinks)
         rows, n = k.shape[2], q.shape[2]
-        heads = positions.shape[0]
-        keep = _keep(positions, rows) | (mx.arange(rows) >= compressed_tokens)[None]
-        keep = mx.repeat(keep, q.shape[1] // heads, axis=0)[None, :, None, :]
+        heads, group = positions.shape[0], q.shape[1] // positions.shape[0]
+        holes = bool(mx.any(positions < 0).item())
+        if gather and not holes:
+            tail = mx.broadcast_to(mx.arange(compressed_tokens, rows, dtype=mx.int32), (heads, rows - compressed_tokens))
+            idx = mx.concatenate([positions, tail], axis=1)
+            k = mx.take_along_axis(k, idx[None, :, :, None], axis=2)
+            v = mx.take_along_axis(v, idx[None, :, :, None], axis=2)
+            return call(q, k, v, c, scale, "causal" if n > 1 else None, sinks)
+        used = _keep(positions, rows) | (mx.arange(rows) >= compressed_tokens)[None]
+        used = mx.repeat(used, group, axis=0)[None, :, None, :]
         causal = mx.arange(rows - n, rows)[:, None] >= mx.arange(rows)[None]
-        return call(q, k, v, c, scale, keep & causal, sinks)
+        return call(q, k, v, c, scale, used & causal, sinks)
 
     return wrapper
 
@@ -53,21 +66,26 @@ def _keep(positions: mx.array, rows: int) -> mx.array:
     return hits[:, :rows] > 0
 
 
-def oracle_logits(model, compressed, continuation, *, step: int | None = None) -> mx.array:
-    """[len(continuation), vocab] float32: the continuation after the uncompressed prompt (its
-    compressed part, then the rest) with the evicted positions masked per head (module docstring)."""
-    cache = make_cache(model)
+def _run(model, cache, blocks, step) -> mx.array:
+    out = [prefill(model, list(b), cache, all_logits=True, step=step)[0] for b in blocks]
+    return mx.concatenate(out, axis=0)
+
+
+def oracle_logits(model, compressed, *blocks, full=None, gather: bool = False, step: int | None = None) -> mx.array:
+    """[sum of block lengths, vocab] float32: ``blocks`` run one forward each (a question block,
+    then decode steps of one token) after the uncompressed prompt, the evicted positions masked per
+    head. ``full``: a snapshot of the uncompressed prefill of the compressed part, if you have one
+    (``Prefilled.snapshot``); otherwise it is prefilled again. ``gather``: see ``masked_attention``."""
     ids = compressed.token_ids
-    prefill(model, ids[: compressed.tokens], cache, step=step)
-    rest = list(ids[compressed.tokens:]) + list(continuation)
-    with attention.wrapping(masked_attention(compressed.kept, cache, compressed.tokens)):
-        logits, _ = prefill(model, rest, cache, all_logits=True, step=step)
-    return logits[len(rest) - len(continuation):]
+    cache = restore(full) if full is not None else prefill(model, ids[: compressed.tokens], step=step)[1]
+    blocks = ([ids[compressed.tokens:]] if compressed.tokens < len(ids) else []) + [list(b) for b in blocks]
+    with attention.wrapping(masked_attention(compressed.kept, cache, compressed.tokens, gather=gather)):
+        logits = _run(model, cache, blocks, step)
+    asked = sum(len(b) for b in blocks[1:]) if compressed.tokens < len(ids) else logits.shape[0]
+    return logits[logits.shape[0] - asked:]
 
 
-def continue_logits(model, compressed, continuation, *, step: int | None = None) -> mx.array:
-    """[len(continuation), vocab] float32: the continuation on a restored copy of the compressed
-    cache (``compressed`` itself is not changed)."""
-    cache = restore(snapshot(compressed.cache))
-    logits, _ = prefill(model, list(continuation), cache, all_logits=True, step=step)
-    return logits
+def continue_logits(model, compressed, *blocks, step: int | None = None) -> mx.array:
+    """[sum of block lengths, vocab] float32: ``blocks`` run one forward each on a restored copy of
+    the compressed cache (``compressed`` itself is not changed)."""
+    return _run(model, restore(snapshot(compressed.cache)), blocks, step)

@@ -39,7 +39,7 @@ from ..errors import NotTrimmableError, QuantizationError
 STEP = 256  # rows added to the buffer at a time, as mlx-lm's KVCache
 
 
-class _Kept(_BaseCache):
+class KeptBase(_BaseCache):
     """Offset, rows, kept positions and boundary, shared by the float and the quantized cache."""
 
     offset: int
@@ -117,7 +117,7 @@ class _Kept(_BaseCache):
         self._holes = bool(mx.any(self.kept < 0).item()) if self.kept.size else False
 
 
-class KeptKVCache(_Kept):
+class KeptKVCache(KeptBase):
     """A full-attention layer's KV after a press: ``kept`` rows per head at their original
     positions, then the rows appended since (module docstring)."""
 
@@ -180,7 +180,7 @@ class KeptKVCache(_Kept):
                                     self.kept, self.offset, self.boundary, group_size, bits)
 
 
-class QuantizedKeptKVCache(_Kept):
+class QuantizedKeptKVCache(KeptBase):
     """A KeptKVCache quantized as mlx-lm's QuantizedKVCache quantizes a KVCache: every row,
     kept or appended later, as packed words, scales and biases (``bits``, ``group_size``)."""
 
