@@ -57,7 +57,7 @@ def avg_pool(x: mx.array, kernel: int) -> mx.array:
     return (c[..., kernel: kernel + n] - c[..., :n]) / kernel
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class SnapKV(Press):
     """kvpress SnapKVPress (module docstring)."""
 
@@ -84,7 +84,7 @@ class SnapKV(Press):
         return mx.concatenate([scores, mx.broadcast_to(top, (view.heads, w))], axis=-1)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class TOVA(Press):
     """kvpress TOVAPress (module docstring): the last query's attention, mean over all heads."""
 
@@ -103,7 +103,7 @@ class TOVA(Press):
         return mx.concatenate([scores, mx.broadcast_to(mx.max(scores), (view.heads, 1))], axis=-1)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class ObservedAttention(Press):
     """kvpress ObservedAttentionPress (H2O; module docstring)."""
 
@@ -119,7 +119,7 @@ class ObservedAttention(Press):
         return group_mean(view.need("attention", self), view.heads)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class ExpectedAttention(Press):
     """kvpress ExpectedAttentionPress (module docstring)."""
 

@@ -35,7 +35,7 @@ def code_digest(fn: Callable) -> str:
     return xxhash.xxh3_64_hexdigest(code.co_code + repr((code.co_consts, code.co_names)).encode())
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class FunctionPress(Press):
     """A scorer press from ``fn(keys, values, queries) -> [H, S]`` (module docstring)."""
 

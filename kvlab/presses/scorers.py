@@ -17,7 +17,7 @@ from ..errors import PressError
 from .base import Press, View
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class Random(Press):
     """kvpress RandomPress: uniform random scores (a baseline); ``seed`` and the layer pick them."""
 
@@ -29,7 +29,7 @@ class Random(Press):
         return mx.random.uniform(shape=(view.heads, view.rows), key=mx.random.key(self.seed * 100_003 + view.layer))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class StreamingLLM(Press):
     """kvpress StreamingLLMPress: the first ``n_sink`` rows (attention sinks) and the most recent."""
 
@@ -47,7 +47,7 @@ class StreamingLLM(Press):
         return mx.broadcast_to(keep.astype(mx.float32), (view.heads, s))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class KNorm(Press):
     """kvpress KnormPress: keeps the *lowest* key norms (mlx-lm #963 kept the highest: inverted)."""
 
@@ -58,7 +58,7 @@ class KNorm(Press):
         return -mx.linalg.norm(view.keys, axis=-1)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class KeyDiff(Press):
     """kvpress KeyDiffPress: keeps the keys least similar (cosine) to the mean normalised key."""
 
@@ -74,7 +74,7 @@ class KeyDiff(Press):
         return -cos
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class LagKV(Press):
     """kvpress LagKVPress: rows scored within each partition of ``lag_size`` by how far their keys
     and values stray from the next partition's range (min-max normalised, std over channels);

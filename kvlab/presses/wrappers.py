@@ -34,7 +34,7 @@ from .attention_scorers import SnapKV
 from .base import Needs, Press, View, n_kept, top_rows
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class Wrapper(Press):
     """A press around ``press``; its needs and query-awareness are the inner press's."""
 
@@ -57,7 +57,7 @@ class Wrapper(Press):
         return replace(self.press, ratio=ratio)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class Pyramid(Wrapper):
     """kvpress PyramidKVPress, with any scorer (SnapKV by default)."""
 
@@ -87,7 +87,7 @@ class Pyramid(Wrapper):
         return top_rows(self.inner(self.ratio).score(view), self.budget(view))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class ChunkKV(Wrapper):
     """kvpress ChunkKVPress."""
 
@@ -113,7 +113,7 @@ class ChunkKV(Wrapper):
         return mx.broadcast_to(mx.array(rows, dtype=mx.int32), (view.heads, len(rows)))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class AdaKV(Wrapper):
     """kvpress AdaKVPress: head-wise budgets (module docstring: what it frees)."""
 
@@ -148,7 +148,7 @@ class AdaKV(Wrapper):
         return mx.where(rows < s, rows, -1).astype(mx.int32)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class Composed(Press):
     """kvpress ComposedPress: ``presses`` applied one after another."""
 
@@ -185,7 +185,7 @@ class Composed(Press):
         return any(p.query_aware for p in self.presses)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class PerLayer(Wrapper):
     """kvpress PerLayerCompressionPress: ``press`` with ``ratios[layer]``."""
 
@@ -211,7 +211,7 @@ class PerLayer(Wrapper):
         return self.inner(self.ratios[layer])
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class Decoding(Wrapper):
     """``press`` on the prompt, then every ``every`` decoded tokens the layer is compressed again
     to ``target`` rows by ``press``'s scores (``kvlab.presses.decoding``)."""
