@@ -54,7 +54,10 @@ def context_end_of(toks: Tokens, end: int | None = None) -> int:
             raise PressError(f"context_end must be an int in 1..{n - 1} (the last token always runs on "
                              f"the compressed cache), got {end!r}")
         return end
-    last = toks.spans[-1].token_start if toks.spans else 0
+    spans = list(toks.spans)
+    if len(spans) > 1 and spans[-1].role == "assistant" and spans[-1].token_end == n:
+        spans.pop()  # the generation prompt (an open assistant turn recovered from ChatML markers)
+    last = spans[-1].token_start if spans else 0
     return last if last >= 1 else n - 1
 
 

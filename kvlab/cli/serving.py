@@ -40,6 +40,10 @@ def register(sub) -> None:
                    help="where prefill stops to snapshot a prompt (caches that cannot be cut back are "
                    "reusable only there): segment_ends (default, mlx-lm's server), message_ends, "
                    "tail:N, every:N, last_message, log_spaced, cost_aware, none")
+    s.add_argument("--press", default=None, metavar="NAME:RATIO",
+                   help="compress each prompt's context (all but its last message) with a KV-cache press, "
+                   "e.g. knorm:0.5; stored whole and reused on a whole-context hit; requests are then "
+                   "served one at a time (/kvlab/stats says so)")
     s.set_defaults(func=serve)
 
 
@@ -62,14 +66,16 @@ def serve(args) -> int:
     server = Server(args.model, args.store, dtype=args.dtype, budget=args.budget, host=args.host, port=args.port,
                     record=args.record, record_text=args.record_text, normalise=args.normalise,
                     api_key=args.api_key, block_size=args.block_size, max_tokens=args.max_tokens,
-                    disk=args.disk, disk_budget=args.disk_budget, checkpoints=args.checkpoints)
+                    disk=args.disk, disk_budget=args.disk_budget, checkpoints=args.checkpoints,
+                    press=args.press)
     server.start()
     budget = server.budget_bytes if server.budget_bytes is not None else "unbounded"
     in_foreground(server, f"kvlab serve: {server.url} · model {server.model.name} in {server.model.dtype_label} · "
                   f"store {server.store_name} · "
                   f"budget {budget} B · checkpoints {server.checkpoints!r}{' · normalise' if server.normalise else ''}"
                   f"{' · recording ' + str(args.record) if args.record else ''}"
-                  f"{' · disk tier ' + str(args.disk) if args.disk else ''} · metrics at {server.url}/metrics"
+                  f"{' · disk tier ' + str(args.disk) if args.disk else ''}"
+                  f"{' · press ' + server.press.key if server.press else ''} · metrics at {server.url}/metrics"
                   " · Ctrl-C to stop", server.wait)
     s = server.stats()
     print(f"kvlab serve: stopped after {s['requests']} requests, token hit {s['token_hit_rate']:.1%}, "

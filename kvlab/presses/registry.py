@@ -68,6 +68,26 @@ def press(name, ratio: float | None = None, **options) -> Press:
     return cls(ratio, **options)
 
 
+def parse(spec) -> Press:
+    """A press from ``"NAME:RATIO"`` (what ``kvlab serve --press`` and ``kvlab press`` take), or a
+    Press as it is.
+
+    Example:
+        >>> parse("knorm:0.5").key
+        'knorm(ratio=0.5)'
+    """
+    if isinstance(spec, Press):
+        return spec
+    name, sep, ratio = str(spec).partition(":")
+    try:
+        value = float(ratio)
+    except ValueError:
+        value = None
+    if not sep or value is None:
+        raise PressError(f"a press is given as NAME:RATIO (e.g. knorm:0.5), got {spec!r}; names: {', '.join(names())}")
+    return press(name, value)
+
+
 def register(name: str, fn, *, window: int = 0) -> None:
     """Make ``kv.press(name, ratio)`` the press of ``fn(keys, values, queries)`` (``kvlab.presses.custom``)."""
     if name in SCORERS or name in WRAPPERS:

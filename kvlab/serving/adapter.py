@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import threading
 
+from ..compressing import check_press, compress_context, context_end_of, press_key
 from ..errors import KvlabError
 from ..keys import cache_key
 from ..primitives.display import summary_html
@@ -109,10 +110,11 @@ class StoreAdapter(Attribution):
     """A kvlab store (``radix``, ``paged``, ``system``, ``mlx-lru``, ... or None: caching off)
     speaking mlx-lm's prompt-cache interface through the reuse core (see module docstring)."""
 
-    def __init__(self, store, model, events: ServerEvents):
+    def __init__(self, store, model, events: ServerEvents, press=None):
         super().__init__(events)
         self.store = store
         self.model = model
+        self.press = check_press(press, model, store)  # kvlab.compressing: fresh prefills compressed
         self.name = "none" if store is None else store.name
         self.budget_bytes = None if store is None else store.capabilities.budget_bytes
         self.core = PrefixCache(store, model, emit=self._emit)
@@ -124,6 +126,8 @@ class StoreAdapter(Attribution):
     def fetch_nearest_cache(self, model_key, tokens):
         with self.lock:
             ids = list(tokens)
+            if self.press is not None:
+                return self.compressed(self.current, ids)
             toks = self._tokens(ids)
             cache, reused = self.lookup(self.current, toks, cache_key(toks))  # no salts or images
             return cache, ids[reused:]
@@ -131,19 +135,25 @@ class StoreAdapter(Attribution):
     def insert_cache(self, model_key, tokens, prompt_cache, *, cache_type: str = "assistant"):
         with self.lock:
             rid = self.owner(tokens, cache_type)
+            if self.press is not None:  # its context was offered whole when it was compressed
+                self.events.add("offer_refused", request=rid, tokens=len(tokens), segment=cache_type,
+                                detail=f"compressed by {self.press.key}: only the compressed context is stored")
+                return
             ids = list(tokens)
             toks = self._tokens(ids) if self.store is not None else None
             self.offer(rid, toks, None if toks is None else cache_key(toks), prompt_cache, ids,
                        cache_type=cache_type)
 
     # -- the same steps for a caller that keys its own tokens (a VLM request: image hashes) -------
-    def lookup(self, rid, toks, key) -> tuple[list | None, int]:
+    def lookup(self, rid, toks, key, *, limit: int | None = None, whole: bool = False) -> tuple[list | None, int]:
         """Look ``key`` up for request ``rid`` through the reuse core: (fresh cache or None, tokens
-        reused), at most ``len(key) - 1``; what it found is kept for the ledger."""
+        reused), at most ``limit`` (default ``len(key) - 1``; ``whole``: exactly ``limit``, a
+        compressed context); what it found is kept for the ledger."""
         with self.lock:
             self.lookups += 1
             try:
-                found = self.core.lookup(rid, key, toks, limit=len(key.ids) - 1)
+                limit = len(key.ids) - 1 if limit is None else limit
+                found = self.core.lookup(rid, key, toks, limit=limit, whole=whole)
                 cache, reused = found.cache, found.reused
                 info = {"kind": found.kind, "why": found.why, "entry": found.match.entry_id,
                         "entry_tokens": found.match.entry_tokens, "lookup_s": found.lookup_s,
@@ -159,6 +169,21 @@ class StoreAdapter(Attribution):
                 self.requests[rid] = {**info, "reused": reused}
             return cache, reused
 
+    def compressed(self, rid, ids) -> tuple[list, list]:
+        """(compressed cache, ids still to run) with a press: the context (the prompt before its
+        last message) restored whole, or compressed now and offered (``kvlab.compressing``)."""
+        toks = from_ids(ids, self.model.tokenizer, chatml_spans=True)
+        end = context_end_of(toks)
+        key = press_key(cache_key(toks), self.press, end)
+        cache, reused = self.lookup(rid, toks, key, limit=end, whole=True)
+        if reused != end:
+            cache = compress_context(self.model, ids, end, self.press, {})
+            if self.press.reusable:
+                self.offer(rid, toks, key.prefix(end), cache, ids[:end], cache_type="user", kind="compressed")
+        if rid is not None and rid in self.requests:
+            self.requests[rid]["press_tokens"] = end  # mlx-lm counts them as cached; they were not
+        return cache, ids[end:]
+
     def found(self, rid) -> dict:
         """What request ``rid``'s lookup found (a copy; empty before its lookup)."""
         with self.lock:
@@ -171,7 +196,7 @@ class StoreAdapter(Attribution):
             if info is not None and why:
                 info["why"] = "; ".join(w for w in (info.get("why"), why) if w)
 
-    def offer(self, rid, toks, key, prompt_cache, ids, *, cache_type: str = "assistant") -> None:
+    def offer(self, rid, toks, key, prompt_cache, ids, *, cache_type: str = "assistant", kind: str | None = None) -> None:
         """Offer ``prompt_cache`` (holding ``ids``, keyed ``key``) to the store for request ``rid``."""
         with self.lock:
             if self.store is None:
@@ -182,7 +207,7 @@ class StoreAdapter(Attribution):
                 # mlx-lm's tokens are exactly what it ran (its BatchGenerator keeps them so, and
                 # the sequential path runs every yielded token before stopping).
                 snap = snapshot(prompt_cache, tokens=list(ids) if self.positionless else None, model=self.model)
-                self.core.offer(rid, key, toks, snap, kind=KIND.get(cache_type, "prompt"), segment=cache_type)
+                self.core.offer(rid, key, toks, snap, kind=kind or KIND.get(cache_type, "prompt"), segment=cache_type)
             except Exception as e:  # noqa: BLE001
                 self._error(f"insert ({cache_type})", rid, e)
             self._drain(rid, cache_type, key)

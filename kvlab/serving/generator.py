@@ -61,8 +61,9 @@ def cli_args(model, *, prompt_cache_bytes: int | None = None, prompt_cache_size:
 class KvlabModelProvider(ModelProvider):
     """mlx-lm's ModelProvider serving the one kvlab model it was given."""
 
-    def __init__(self, args: argparse.Namespace, model):
+    def __init__(self, args: argparse.Namespace, model, *, sequential: bool = False):
         self.kv_model = model
+        self.kv_sequential = sequential  # a press: compressed caches have no merge (kvlab.compressing)
         super().__init__(args)
 
     def _load(self, model_path, adapter_path=None, draft_model_path=None):
@@ -77,7 +78,7 @@ class KvlabModelProvider(ModelProvider):
             self.processor, self.is_batchable = None, False
             return
         self.processor = load_processor(m.net, m.config)
-        self.is_batchable = all(hasattr(c, "merge") for c in make_prompt_cache(m.net))
+        self.is_batchable = not self.kv_sequential and all(hasattr(c, "merge") for c in make_prompt_cache(m.net))
 
 
 class StepBudget(TimeBudget):
@@ -115,6 +116,9 @@ class ObservedQueue:
             return self.inner.put(item, *args, **kwargs)
         if self.held is not None:
             ctx, self.held = self.held, None
+            found = self.adapter.found(self.rid)
+            if "press_tokens" in found:  # mlx-lm counts a compressed context as cached: only a hit is
+                ctx.prompt_cache_count = found["reused"]
             self.ledger.admitted(self.rid, ctx)
             self.inner.put(ctx)
         if isinstance(item, Response):

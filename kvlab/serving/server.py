@@ -31,6 +31,7 @@ import threading
 
 from mlx_lm.server import get_system_fingerprint
 
+from .. import presses
 from ..errors import KvlabError
 from ..primitives.display import summary_html, table_html
 from ..primitives.units import fmt_bytes, parse_bytes
@@ -61,7 +62,7 @@ class Server(Listening):
                  host: str = "127.0.0.1", port: int = 0, record=None, record_text: bool = False, normalise: bool = False,
                  api_key: str | None = None, block_size: int = 16, max_size: int = 10,
                  max_tokens: int = 512, decode_concurrency: int = 32, prompt_concurrency: int = 8,
-                 disk=None, disk_budget=None, checkpoints="segment_ends"):
+                 disk=None, disk_budget=None, checkpoints="segment_ends", press=None):
         from ..checkpoints import parse_policy
         from ..loader import load
         from ..models.loading import Model
@@ -82,6 +83,7 @@ class Server(Listening):
         if disk is not None:
             store = self._tiered(store, disk, budget_bytes, disk_budget, block_size)
             budget_bytes = None
+        self.press = None if press is None else presses.parse(press)
         self.store_name, self.adapter = self._adapter(store, budget_bytes, block_size, max_size)
         self.budget_bytes = self.adapter.budget_bytes
         self.checkpoints = ServedCheckpoints(checkpoints, self.model, self.adapter.store)
@@ -108,11 +110,11 @@ class Server(Listening):
         if store is None or isinstance(store, str):
             name = store or "none"
             obj = make_store(name, budget_bytes=budget_bytes, block_size=block_size, max_size=max_size)
-            return name, StoreAdapter(obj, self.model, self.events_log)
+            return name, StoreAdapter(obj, self.model, self.events_log, press=self.press)
         if budget_bytes is not None:
             raise KvlabError("budget= applies to a store made by name; a store object keeps its own "
                              "budget_bytes")
-        return store.name, StoreAdapter(store, self.model, self.events_log)
+        return store.name, StoreAdapter(store, self.model, self.events_log, press=self.press)
 
     def _tiered(self, store, disk, budget_bytes, disk_budget, block_size):
         """A TieredStore: the named RAM store in front of a DiskStore at ``disk`` (survives restarts)."""
@@ -131,7 +133,7 @@ class Server(Listening):
             return self
         args = cli_args(self.model, prompt_cache_bytes=None, **self._limits)
         args.allowed_origins = []  # no CORS: a web page must not drive a local server
-        provider = KvlabModelProvider(args, self.model)
+        provider = KvlabModelProvider(args, self.model, sequential=self.press is not None)
         self.generator = KvlabResponseGenerator(provider, self.adapter, self.ledger, self.events_log,
                                                 on_fatal=self._fatal, checkpoints=self.checkpoints)
         handler, rg, fp = bind_handler(self), self.generator, get_system_fingerprint()
@@ -204,9 +206,18 @@ class Server(Listening):
                 "by_type": a.stats_by_type(), "step": self.events_log.step,
                 "events": self.events_log.next_seq, "normalise": self.normalise,
                 "model": self.model.name, "url": self.url,
-                "batching": "one request at a time (VLM)" if self.model.kind == "vlm" else "continuous",
+                "batching": self._batching(), "press": None if self.press is None else self.press.key,
                 "generation_restarts": self.generator.kv_restarts if self.generator else 0,
                 "failure": None if self.failure is None else str(self.failure)}
+
+    def _batching(self) -> str:
+        if self.model.kind == "vlm":
+            return "one request at a time (VLM)"
+        if self.press is not None:
+            return (f"one request at a time (press {self.press.key}: a compressed cache has no merge, so "
+                    "mlx-lm's BatchGenerator cannot batch it; each prompt's context is compressed after "
+                    "its own prefill)")
+        return "continuous"
 
     def invariants(self) -> dict:
         """The store's invariants (see StoreAdapter.invariants) plus no request left running."""
@@ -240,7 +251,9 @@ def serve(model="tiny", store="radix", **kwargs) -> Server:
     sequence of normalisation Rules), ``api_key``, ``block_size`` (paged store and recorded kvlab
     hash ids), ``max_size`` (mlx-lru entries), ``max_tokens`` (default per request),
     ``decode_concurrency``, ``prompt_concurrency``, ``checkpoints`` (where prefill stops to
-    snapshot: a ``kvlab.checkpoints`` spec; default ``segment_ends``, mlx-lm's).
+    snapshot: a ``kvlab.checkpoints`` spec; default ``segment_ends``, mlx-lm's), ``press``
+    (``"knorm:0.5"`` or a ``kv.press(...)``: each prompt's context compressed, stored whole,
+    requests served one at a time: ``kvlab.compressing``).
 
     Example:
         >>> with kv.serve("tiny", "paged", budget="64MiB") as server:
