@@ -22,6 +22,7 @@ from .compressing import NOT_REUSED, check_press, compress_context, context_end_
 from .errors import KvlabError, RequestError
 from .keys import CacheKey, cache_key
 from .policies.reasons import ALL_REASONS
+from .presses.decoding import attach
 from .primitives import timing
 from .primitives.display import summary_html, table_html
 from .primitives.kv_format import check_settings, check_start, head_dims_of
@@ -252,7 +253,7 @@ class Engine:
         """(logits, cache) of a request with a press: its compressed context restored whole, or
         compressed now (and offered, if the press is reusable); then the rest of the prompt."""
         ids = toks.ids
-        cache = found.cache if found.reused == end else None
+        cache = attach(self.press, found.cache) if found.reused == end else None  # decoding: hooks again
         if cache is None:
             cache = compress_context(self.model, ids, end, self.press, self._kv)
             if self.press.reusable and self.store is not None:

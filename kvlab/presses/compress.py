@@ -32,6 +32,7 @@ from ..primitives.units import fmt_bytes
 from .apply import apply_press, check_compressible, full_layers, left_layers, ropes_of
 from .base import Needs, Press
 from .capture import Capture
+from .decoding import attach
 
 
 @dataclass(frozen=True, eq=False)
@@ -155,6 +156,8 @@ class Prefilled:
         cache = restore(self.snapshot)
         t = timing.timed()
         kept, compressed = apply_press(press, cache, self.capture, full_layers(cache))
+        cap = self.capture
+        attach(press, cache, cap.scale if cap else None, cap.queries if cap else None)
         maybe_quantize(cache, kv_bits, kv_group_size, 0)
         compress_s = t.done([c.state for c in cache])
         positions = sum(int(k.nbytes) for k in kept if k is not None)

@@ -45,7 +45,8 @@ class KeptBase(_BaseCache):
     offset: int
     boundary: int
     kept: mx.array  # [H, n] int32: original position of each kept row, -1 for a row a head does not use
-    on_append = None  # a live cache's decode-time hook (kvlab.presses: decoding), never saved
+    on_append = None  # a live cache's decode-time hooks (kvlab.presses.decoding), never saved:
+    on_attend = None  # before new rows go in, and with every query block
 
     @property
     def rows(self) -> int:
@@ -98,6 +99,8 @@ class KeptBase(_BaseCache):
     def attention_mask(self, mask, queries: mx.array):
         """``mask`` with the rows a head does not use hidden from its query heads (called by
         kvlab's attention dispatcher for every query block); ``mask`` itself when every row is used."""
+        if self.on_attend is not None:
+            self.on_attend(queries)
         if not getattr(self, "_holes", False):
             return mask
         n_q, heads, rows = queries.shape[-2], queries.shape[1], self.rows
@@ -111,7 +114,7 @@ class KeptBase(_BaseCache):
             return used & mask
         return mx.where(used, mask, mx.array(-float("inf"), mask.dtype))
 
-    def _set_kept(self, kept, offset, boundary) -> None:
+    def set_kept(self, kept, offset, boundary) -> None:
         self.kept = kept.astype(mx.int32)
         self.offset, self.boundary = int(offset), int(boundary)
         self._holes = bool(mx.any(self.kept < 0).item()) if self.kept.size else False
@@ -125,7 +128,7 @@ class KeptKVCache(KeptBase):
 
     def __init__(self, keys: mx.array, values: mx.array, kept: mx.array, offset: int, boundary: int | None = None):
         self.keys, self.values = keys, values
-        self._set_kept(kept, offset, offset if boundary is None else boundary)
+        self.set_kept(kept, offset, offset if boundary is None else boundary)
 
     @classmethod
     def of(cls, keys, values, kept, *, offset: int) -> "KeptKVCache":
@@ -159,7 +162,7 @@ class KeptKVCache(KeptBase):
     @state.setter
     def state(self, v):
         self.keys, self.values, offset, kept, boundary = v
-        self._set_kept(kept, offset, boundary)
+        self.set_kept(kept, offset, boundary)
 
     @property
     def meta_state(self):
@@ -189,7 +192,7 @@ class QuantizedKeptKVCache(KeptBase):
     def __init__(self, kv, kept, offset, boundary, group_size: int = 64, bits: int = 8):
         self.keys, self.values = kv
         self.group_size, self.bits = group_size, bits
-        self._set_kept(kept, offset, boundary)
+        self.set_kept(kept, offset, boundary)
 
     def update_and_fetch(self, keys, values):
         if self.on_append is not None:
@@ -223,7 +226,7 @@ class QuantizedKeptKVCache(KeptBase):
     def state(self, v):
         self.keys, self.values, offset, self.group_size, self.bits, kept, boundary = v
         self.keys, self.values = tuple(self.keys), tuple(self.values)
-        self._set_kept(kept, offset, boundary)
+        self.set_kept(kept, offset, boundary)
 
     @property
     def meta_state(self):

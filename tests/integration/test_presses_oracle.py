@@ -101,3 +101,26 @@ def test_head_layout_presses_equal_the_masked_oracle_on_smollm2(smol):
     # heads in the wrong order (mx.tile instead of mx.repeat) hides another head's rows
     check_every_press(smol, {"knorm", "snapkv", "tova", "expected_attention", "observed_attention", "adakv"}, 100,
                       masked_tol=tolerance(smol.dtype))
+
+
+@pytest.mark.parametrize("inner", ["knorm", "snapkv"])
+def test_decoding_press_recompresses_while_decoding_and_each_step_equals_the_oracle(tiny, inner):
+    # every 4 decoded tokens the layer goes back to 50 rows; each step's logits equal the
+    # uncompressed cache masked with the rows the compressed one held at that step. Mutant caught:
+    # a re-compression that leaves the boundary where it was (the rows and their positions no
+    # longer line up)
+    from kvlab.models import attention
+    from kvlab.presses import masked_attention
+
+    ids, steps = prompt(120)[0], prompt(13, seed=5)[0]
+    options = {"window_size": 8} if inner == "snapkv" else {}
+    c = kv.compress(tiny, ids, kv.press("decoding", 0.5, press=kv.press(inner, 0.5, **options), every=4, target=50))
+    live, (_, full) = c.cache, prefill(tiny, ids)
+    worst = 0.0
+    for t in steps:
+        got = prefill(tiny, [t], live, all_logits=True)[0]
+        kept = tuple(layer.positions() for layer in live)
+        with attention.wrapping(masked_attention(kept, full, live[0].offset)):
+            want = prefill(tiny, [t], full, all_logits=True)[0]
+        worst = max(worst, float(mx.abs(want - got).max()))
+    assert live[0].on_append.count == 3 and live[0].rows == 51 and worst <= TOL
