@@ -27,6 +27,7 @@ from . import (blas, exp, hashing, memory, policies, proxy, quantization, served
                snapshot, tiers, ttft, vlm_peers)
 from .families import checkpoint_policies, conformance
 from .families_cache import hybrid_ttft, sliding_bytes
+from .presses import press_bytes, press_decode, press_quality, press_time
 from .settings import Settings
 from .table import Table, median_range, ms, spread
 
@@ -52,6 +53,10 @@ REGISTRY = {
     "hybrid_ttft": hybrid_ttft,
     "sliding_bytes": sliding_bytes,
     "vlm_peers": vlm_peers,
+    "press_bytes": press_bytes,
+    "press_time": press_time,
+    "press_decode": press_decode,
+    "press_quality": press_quality,
 }
 SECTIONS = tuple(REGISTRY)
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..errors import KvlabError
+from .presses import bytes_target, time_target
 from .table import Table
 from ..primitives.display import summary_html
 
@@ -215,6 +216,10 @@ TARGETS = (
            "state)", "hybrid_ttft", _hybrid_ttft),
     Target("a sliding-window model's bytes per cached token in the paged store <= 1.10x the "
            "dense-equivalent bound", "sliding_bytes", _sliding_bytes),
+    Target("KV-cache presses hold (1 - ratio) of the full cache's KV at 25/50/75% within one row per KV head "
+           "(scorer presses, every layer)", "press_bytes", bytes_target),
+    Target("compression (the press's capture during prefill + scoring and gathering) <= 10% of a plain "
+           "prefill, every press at 0.5", "press_time", time_target),
 )
 
 
