@@ -7,7 +7,9 @@ another press's, from its first token on. The rest of the prompt (the last messa
 run on the compressed cache. The next request with the same context is a whole-context hit and
 restores exactly what a fresh compression gives; a match on part of a compressed entry is refused
 by the reuse core (``PrefixCache.lookup(whole=True)``) with the reason. A query-aware press (its
-kept rows depend on the last queries of the context) is never offered to the store.
+kept rows depend on the last queries of the context) is never offered to the store. Each fresh
+compression is an event row ``compress`` (tokens: the context; bytes: what the press saved;
+detail: the press), which the Inspector's memory view adds up.
 
 Example:
     >>> engine = kv.Engine(m, kv.RadixStore(), press=kv.press("knorm", 0.5))
@@ -67,7 +69,7 @@ def press_key(key: CacheKey, press: Press, end: int) -> CacheKey:
     return CacheKey(key.ids, tuple(sorted(key.extra_keys + (span,))), key.salt)
 
 
-def compress_context(model, ids, end: int, press: Press, kv: dict) -> list:
-    """A fresh compressed cache of ``ids[:end]`` (quantized after compressing, as ``kv`` says)."""
+def compress_context(model, ids, end: int, press: Press, kv: dict):
+    """``ids[:end]`` compressed afresh (a ``Compressed``; quantized after compressing, as ``kv`` says)."""
     return Prefilled(model, list(ids[:end]), [press]).compress(
-        press, kv_bits=kv.get("kv_bits"), kv_group_size=kv.get("kv_group_size", 64)).cache
+        press, kv_bits=kv.get("kv_bits"), kv_group_size=kv.get("kv_group_size", 64))

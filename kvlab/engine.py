@@ -255,7 +255,9 @@ class Engine:
         ids = toks.ids
         cache = attach(self.press, found.cache) if found.reused == end else None  # decoding: hooks again
         if cache is None:
-            cache = compress_context(self.model, ids, end, self.press, self._kv)
+            c = compress_context(self.model, ids, end, self.press, self._kv)
+            cache = c.cache
+            self._event(rid, "compress", end, c.bytes_full - c.bytes_kept, None, self.press.key)
             if self.press.reusable and self.store is not None:
                 self.core.offer(rid, key.prefix(end), toks, snapshot(cache, tokens=ids[:end], model=self.model),
                                 kind="compressed")
@@ -291,7 +293,7 @@ class Engine:
 
     def _verify(self, ids, logits, end: int = 0) -> float:
         # with a press the cold run compresses the context afresh: reuse must give exactly that
-        cache = compress_context(self.model, ids, end, self.press, self._kv) if self.press is not None else None
+        cache = compress_context(self.model, ids, end, self.press, self._kv).cache if self.press is not None else None
         cold, _ = self._forward(ids[end:], cache)
         return float(mx.abs(cold - logits).max().item())
 

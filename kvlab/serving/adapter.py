@@ -177,7 +177,7 @@ class StoreAdapter(Attribution):
         key = press_key(cache_key(toks), self.press, end)
         cache, reused = self.lookup(rid, toks, key, limit=end, whole=True)
         if reused != end:
-            cache = compress_context(self.model, ids, end, self.press, {})
+            cache = compress_context(self.model, ids, end, self.press, {}).cache
             if self.press.reusable:
                 self.offer(rid, toks, key.prefix(end), cache, ids[:end], cache_type="user", kind="compressed")
         if rid is not None and rid in self.requests:
