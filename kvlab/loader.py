@@ -43,3 +43,19 @@ def load(name_or_path: str | os.PathLike = "smollm2", *, dtype: str | None = Non
     from .models.loading import load as load_text
 
     return load_text(name_or_path, dtype=dtype)
+
+
+def model_folder(model) -> Path:
+    """The model folder of a kvlab model name, a loaded kvlab model, or a folder path (what a peer
+    in another environment loads: vllm-mlx, kvpress's transformers).
+
+    Example:
+        >>> (model_folder("tiny") / "config.json").is_file()
+        True
+    """
+    if hasattr(model, "path"):
+        return Path(model.path)
+    p = Path(os.fspath(model)).expanduser()
+    if p.is_dir():
+        return p.resolve()
+    return Path(load(os.fspath(model)).path)

@@ -110,8 +110,9 @@ if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ] || [ "$(cat "$STAMP")" !
   echo "$BACKEND" > "$STAMP"
 fi
 "$VENV/bin/python" -m kvlab.cli prepare
-# `make test` / `make setup`: Chromium for the browser test and the peer server (vllm-mlx) in its own
-# venv, .venv-peers, on the same MLX backend as .venv (both idempotent)
+# `make test` / `make setup`: Chromium for the browser test, the peer server (vllm-mlx) in its own
+# venv, .venv-peers, on the same MLX backend as .venv, and kvpress (PyTorch, CPU build) in
+# .venv-kvpress (all idempotent)
 if [ "$WANT_BROWSER" = "browser" ]; then
   if [ "$OS" = "Darwin" ] || ! command -v chromium >/dev/null 2>&1; then
     echo "kvlab setup: Chromium for the browser test (playwright install chromium)"
@@ -119,4 +120,5 @@ if [ "$WANT_BROWSER" = "browser" ]; then
       || echo "kvlab setup: WARNING: playwright could not install Chromium; set KVLAB_CHROMIUM=<path>" >&2
   fi
   "$VENV/bin/python" -m kvlab.cli peer vllm-mlx --install
+  "$VENV/bin/python" -m kvlab.cli peer kvpress --install
 fi

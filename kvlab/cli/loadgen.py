@@ -75,8 +75,9 @@ def register(sub) -> None:
                         "print both tools' figures side by side")
     s.set_defaults(func=load)
 
-    p = sub.add_parser("peer", help="run a peer server (vllm-mlx, plain mlx_lm.server, mlx-vlm) until Ctrl-C")
-    p.add_argument("server", choices=("vllm-mlx", "mlx-lm", "mlx-vlm"))
+    p = sub.add_parser("peer", help="run a peer server (vllm-mlx, plain mlx_lm.server, mlx-vlm) until Ctrl-C; "
+                                    "kvpress: --install only")
+    p.add_argument("server", choices=("vllm-mlx", "mlx-lm", "mlx-vlm", "kvpress"))
     p.add_argument("--mode", default="batched", choices=("simple", "batched", "paged"),
                    help="vllm-mlx mode")
     p.add_argument("--model", default=None,
@@ -89,7 +90,8 @@ def register(sub) -> None:
                    help="mlx-vlm: an APC setting (e.g. checkpoint_interval_tokens=256, block_size=16); repeatable")
     p.add_argument("--apc-disk", action="store_true", help="mlx-vlm: keep APC's SSD tier (off by default)")
     p.add_argument("--install", action="store_true",
-                   help="only create the peers' venv (.venv-peers) with vllm-mlx, then exit")
+                   help="only create the peer's venv, then exit: vllm-mlx (.venv-peers) or kvpress "
+                        "(.venv-kvpress, CPU torch)")
     p.set_defaults(func=peer)
 
 
@@ -158,9 +160,18 @@ def peer(args) -> int:
     """Start the peer server, print its URL, and stop it (by process id) on Ctrl-C or SIGTERM."""
     from ..serving import peers
 
+    if args.server == "kvpress":
+        if not args.install:
+            raise KvlabError("kvpress is not a server: `kvlab peer kvpress --install` makes its venv; "
+                             "its presses run from Python (kvlab.presses.kvpress_peer)")
+        from ..presses import kvpress_peer
+
+        print(f"kvlab: {kvpress_peer.KVPRESS} ready in {kvpress_peer.ensure_kvpress_venv(quiet=False)}")
+        return 0
     if args.install:
         if args.server != "vllm-mlx":
-            raise KvlabError("--install applies to vllm-mlx (mlx_lm.server runs from kvlab's own env)")
+            raise KvlabError("--install applies to vllm-mlx and kvpress (mlx_lm.server and mlx-vlm run "
+                             "from kvlab's own env)")
         print(f"kvlab: vllm-mlx ready in {peers.ensure_peers_venv(quiet=False)}")
         return 0
     if args.apc and args.server != "mlx-vlm":

@@ -4,6 +4,8 @@ A press (``kv.press(name, ratio, **options)``) picks which rows of each full-att
 to keep, per KV head, with kvpress's semantics (``ratio`` = fraction removed). ``kv.compress``
 prefills a prompt, compresses once, and returns the cache (full-attention layers become
 ``KeptKVCache``: position-preserving, ``kvlab.primitives.kept_cache``) with what each layer kept.
+``kvlab.presses.kvpress_peer`` asks kvpress (its own venv) which positions it keeps, on the same
+weights, to compare.
 
 Example:
     >>> kv.presses.names()

@@ -5,21 +5,17 @@ cannot share kvlab's environment. Its mlx-lm follows the MLX backend kvlab's own
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
-from ..errors import KvlabError
+from ..errors import PeerError  # noqa: F401  (its home is kvlab.errors; kept importable from here)
+from ..venvs import ensure_side_venv, pip_install, side_venv_path
 
 VLLM_MLX = "vllm-mlx==0.6.0"
 VLLM_MLX_LM = "mlx-lm{extra}==0.31.3"
 VLLM_MLX_DEPS = ("fastapi", "starlette", "uvicorn", "psutil",
                  "prometheus-client", "jsonschema", "pillow", "tqdm", "requests", "tabulate", "pytz",
                  "python-multipart")
-
-class PeerError(KvlabError, RuntimeError):
-    """A peer server that cannot be installed, started or reached."""
-
 
 # mlx-lm 0.31.3's extras per backend wheel (mlx[cuda] is mlx-cuda-12)
 _BACKEND_EXTRAS = {"mlx-cpu": "cpu", "mlx-cuda-12": "cuda12", "mlx-cuda-13": "cuda13"}
@@ -56,14 +52,7 @@ def peer_mlx_lm_requirement() -> str:
 def peers_venv() -> Path:
     """Where the peers' virtual environment lives: ``$KVLAB_PEERS_VENV``, else ``.venv-peers`` in the
     repository checkout kvlab runs from, else ``$KVLAB_HOME/venv-peers``."""
-    if os.environ.get("KVLAB_PEERS_VENV"):
-        return Path(os.environ["KVLAB_PEERS_VENV"]).expanduser().resolve()
-    repo = Path(__file__).resolve().parents[2]
-    if (repo / "pyproject.toml").is_file():
-        return repo / ".venv-peers"
-    from ..models.loading import kvlab_home
-
-    return kvlab_home() / "venv-peers"
+    return side_venv_path(".venv-peers", "KVLAB_PEERS_VENV", "venv-peers")
 
 
 def ensure_peers_venv(path=None, *, quiet: bool = True) -> Path:
@@ -75,26 +64,8 @@ def ensure_peers_venv(path=None, *, quiet: bool = True) -> Path:
         >>> ensure_peers_venv()
         PosixPath('/work/kvlab/.venv-peers')
     """
-    from filelock import FileLock
-
     path = Path(path) if path is not None else peers_venv()
     deps = (peer_mlx_lm_requirement(), *VLLM_MLX_DEPS)
-    want = " ".join((VLLM_MLX, *deps))
-    stamp = path / ".kvlab-peers-installed"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(path) + ".lock"):
-        if stamp.is_file() and stamp.read_text() == want and (path / "bin" / "vllm-mlx").exists():
-            return path
-        if not quiet:
-            print(f"kvlab: installing {VLLM_MLX} into {path} (takes a minute)", file=sys.stderr)
-        pip = [str(path / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
-        steps = ([[sys.executable, "-m", "venv", str(path)]] if not (path / "bin" / "python").exists() else [])
-        steps += [pip + ["--no-deps", VLLM_MLX], pip + list(deps)]
-        for cmd in steps:
-            proc = subprocess.run(cmd, capture_output=True, text=True)
-            if proc.returncode != 0:
-                raise PeerError(f"installing the peers' venv failed at `{' '.join(cmd[-3:])}` "
-                                f"(exit {proc.returncode}): {(proc.stderr or proc.stdout)[-800:]}. "
-                                f"Check network access to PyPI, or delete {path} and retry")
-        stamp.write_text(want)
-    return path
+    return ensure_side_venv(path, " ".join((VLLM_MLX, *deps)),
+                            lambda p: [pip_install(p, "--no-deps", VLLM_MLX), pip_install(p, *deps)],
+                            what=VLLM_MLX, ready=lambda p: (p / "bin" / "vllm-mlx").exists(), quiet=quiet)

@@ -26,6 +26,7 @@ import tempfile
 from pathlib import Path
 
 from .._blas import env_with_fast_blas
+from ..loader import model_folder
 # the process (PeerServer, launch) and the peers' venv live in their own modules; names kept here
 from .peer_server import PeerServer, free_port, launch, live  # noqa: F401  (their home is peer_server)
 from .peer_venv import (VLLM_MLX, PeerError, ensure_peers_venv, peer_mlx_lm_requirement,  # noqa: F401
@@ -150,18 +151,6 @@ def refuse_a_cast(model, peer: str) -> None:
 
     if isinstance(model, Model):
         require_stored_dtype(model, peer)
-
-
-def model_folder(model) -> Path:
-    """The mlx-lm folder of a kvlab model name, a loaded kvlab model, or a folder path."""
-    if hasattr(model, "path"):
-        return Path(model.path)
-    p = Path(os.fspath(model)).expanduser()
-    if p.is_dir():
-        return p.resolve()
-    from ..models.loading import load
-
-    return Path(load(os.fspath(model)).path)
 
 
 def start_mlx_vlm(model="tiny-vlm", apc: bool = True, **kw) -> PeerServer:
