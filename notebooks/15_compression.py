@@ -129,18 +129,27 @@ pl.DataFrame(rows).filter(pl.col("section").is_in(["bytes", "decode"]) & (pl.col
 # prompts (`kvlab.presses.kvpress_peer`).
 
 # %%
-try:
-    from kvlab.presses import kvpress_peer
-except ImportError:
-    kvpress_peer = None
-if agreement and kvpress_peer is not None and model == "smollm2":
-    table = kvpress_peer.agreement(m)
-    for r in table.iter_rows(named=True):
-        record("agreement", r["press"], r.get("ratio", 0.0), "agreement", r["agreement"])
-    display(table)
+from kvlab.presses import kvpress_peer
+from kvlab.venvs import installed
+
+agreed = [n for n in ("streaming_llm", "knorm", "snapkv", "expected_attention", "tova") if n in presses]
+ready = installed(kvpress_peer.kvpress_venv(), f"{kvpress_peer.KVPRESS} torch=={kvpress_peer.TORCH_VERSION}")
+if agreement and ready and m.name == "smollm2" and agreed:
+    peers = kvpress_peer.run([kvpress_peer.Case(context, n, r) for n in agreed for r in ratios], m)
+    both = Prefilled(m, context, [kv.press(n, r) for n in agreed for r in ratios])
+    for peer in peers:
+        ours = both.compress(kv.press(peer.press, peer.ratio)).kept
+        frame = kvpress_peer.agreement(ours, peer)
+        why = kvpress_peer.explain(ours, peer)
+        ties = why.filter(pl.col("verdict") == "near_tie").height if why.height else 0
+        record("agreement", peer.press, peer.ratio, "exact_heads", frame["exact"].sum())
+        record("agreement", peer.press, peer.ratio, "heads", frame.height)
+        record("agreement", peer.press, peer.ratio, "near_tie_heads", ties)
+        print(f"{peer.press} {peer.ratio:.0%}: {kvpress_peer.summary(frame)}; {ties} near-ties")
 else:
-    print("kvpress agreement not run here: " + ("the kvpress peer (kvlab.presses.kvpress_peer) is not installed"
-                                                if kvpress_peer is None else "it runs on smollm2 only"))
+    print("kvpress agreement not run here: " + (
+        "it compares on the embedded SmolLM2 (model = \"smollm2\")" if m.name != "smollm2" else
+        "kvpress's venv is not installed (kvlab peer kvpress --install)" if not ready else "agreement = False"))
 
 # %% [markdown]
 # ## 4 · A compressed system prompt reused by many requests
@@ -238,4 +247,9 @@ finding = (f"**The press to use on {m.name}** ({tokens}-token context, by "
            f"**Reuse**: {int((reused.filter(pl.col('metric') == 'reused_tokens')['value'] > 0).sum())} of "
            f"{reuse_requests} requests restored the compressed system prompt whole, each bit-identical to "
            f"compressing it again (max verify diff {max(vd) if len(vd) else 0.0:.1e}).")
+ag = results.filter(pl.col("section") == "agreement").group_by("metric").agg(pl.col("value").sum())
+if ag.height:
+    a = dict(ag.iter_rows())
+    finding += (f"\n\n**kvpress agreement**: {a['exact_heads']:.0f} of {a['heads']:.0f} (press, ratio, layer, "
+                f"KV head) cells keep exactly kvpress's positions, {a['near_tie_heads']:.0f} differ by near-ties.")
 Markdown(finding)

@@ -23,8 +23,8 @@ from dataclasses import replace
 
 from .. import device
 from ..errors import KvlabError
-from . import (blas, exp, hashing, memory, policies, proxy, quantization, served_checkpoints, serving, simulator,
-               snapshot, tiers, ttft, vlm_peers)
+from . import (blas, exp, hashing, memory, policies, press_agreement, proxy, quantization, served_checkpoints,
+               serving, simulator, snapshot, tiers, ttft, vlm_peers)
 from .families import checkpoint_policies, conformance
 from .families_cache import hybrid_ttft, sliding_bytes
 from .presses import press_bytes, press_decode, press_quality, press_time
@@ -57,6 +57,7 @@ REGISTRY = {
     "press_time": press_time,
     "press_decode": press_decode,
     "press_quality": press_quality,
+    "press_agreement": press_agreement,
 }
 SECTIONS = tuple(REGISTRY)
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..errors import KvlabError
-from .presses import bytes_target, time_target
+from .presses import agreement_target, bytes_target, time_target
 from .table import Table
 from ..primitives.display import summary_html
 
@@ -220,6 +220,9 @@ TARGETS = (
            "(scorer presses, every layer)", "press_bytes", bytes_target),
     Target("compression (the press's capture during prefill + scoring and gathering) <= 10% of a plain "
            "prefill, every press at 0.5", "press_time", time_target),
+    Target("kvlab's streaming_llm, knorm, snapkv, expected_attention and tova keep the positions kvpress 0.5.5 "
+           "keeps on the same SmolLM2 weights, every layer and KV head (or differ by a near-tie only)",
+           "press_agreement", agreement_target),
 )
 
 

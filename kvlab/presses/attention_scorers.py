@@ -1,7 +1,9 @@
 """Scorer presses that read the prompt's queries, each kvpress's rule in MLX.
 
 - ``snapkv``: mean attention of the last ``window_size`` queries over the earlier rows,
-  average-pooled (``kernel_size``), averaged over each GQA group, the window itself kept;
+  average-pooled (``kernel_size``), averaged over each GQA group, the window itself kept (scored
+  above every other row: kvpress 0.5.5 pads it with the maximum + 1, as tova its last row and
+  expected attention its sinks);
 - ``tova``: the last query's attention averaged over *all* query heads (one set for every head);
 - ``observed_attention`` (H2O): attention summed over every prompt query, divided by how many
   queries could see the key, averaged over each GQA group;
@@ -80,7 +82,7 @@ class SnapKV(Press):
         att = window_attention(view, q)[..., : view.rows - w]
         scores = avg_pool(mx.mean(att, axis=1), self.kernel_size)
         scores = group_mean(scores, view.heads)
-        top = mx.max(scores)
+        top = mx.max(scores) + 1  # kvpress 0.5.5: above every score, so no row ties with the window
         return mx.concatenate([scores, mx.broadcast_to(top, (view.heads, w))], axis=-1)
 
 
@@ -100,7 +102,7 @@ class TOVA(Press):
         q = view.need("queries", self)[:, -1:]
         att = window_attention(view, q)[:, 0, : view.rows - 1]
         scores = mx.broadcast_to(mx.mean(att, axis=0), (view.heads, view.rows - 1))
-        return mx.concatenate([scores, mx.broadcast_to(mx.max(scores), (view.heads, 1))], axis=-1)
+        return mx.concatenate([scores, mx.broadcast_to(mx.max(scores) + 1, (view.heads, 1))], axis=-1)
 
 
 @dataclass(frozen=True, repr=False)
@@ -149,5 +151,5 @@ class ExpectedAttention(Press):
         scores = group_mean(mx.softmax(scores, axis=-1, precise=True), view.heads)
         if self.use_vnorm:
             scores = (scores + self.epsilon) * mx.linalg.norm(view.values[:, self.n_sink:], axis=-1)
-        sink = mx.broadcast_to(mx.max(scores), (view.heads, self.n_sink))
+        sink = mx.broadcast_to(mx.max(scores) + 1, (view.heads, self.n_sink))
         return mx.concatenate([sink, scores], axis=-1)

@@ -128,8 +128,8 @@ class AdaKV(Wrapper):
             return super().select(view)
         scores = self.inner(self.ratio).score(view).astype(mx.float32)
         h, s = scores.shape
-        kept = int(s * (1 - self.ratio))
-        safe = int(kept * self.alpha_safeguard)
+        kept = n_kept(s, self.ratio)
+        safe = max(1, int(kept * self.alpha_safeguard)) if self.alpha_safeguard > 0 else 0  # kvpress 0.5.5
         if safe:
             protect = mx.argsort(-scores, axis=-1)[:, :safe]
             scores = mx.put_along_axis(scores, protect, mx.array(mx.finfo(mx.float32).max), axis=-1)

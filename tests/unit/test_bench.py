@@ -30,12 +30,12 @@ def test_registry_order_and_sections():
     assert bench.SECTIONS == ("blas", "ttft", "snapshot", "memory", "hashing", "simulator", "exp", "quantization",
                               "policies", "serving", "served_checkpoints", "proxy", "tiers", "conformance",
                               "checkpoint_policies", "hybrid_ttft", "sliding_bytes", "vlm_peers", "press_bytes",
-                              "press_time", "press_decode", "press_quality")
+                              "press_time", "press_decode", "press_quality", "press_agreement")
     for name, section in bench.REGISTRY.items():
         assert isinstance(section.NEEDS_MODEL, bool) and callable(section.table), name
     assert [n for n, s in bench.REGISTRY.items() if s.NEEDS_MODEL] == ["ttft", "snapshot", "memory", "quantization",
                                                                       "serving", "tiers", "press_bytes", "press_time",
-                                                                      "press_decode", "press_quality"]
+                                                                      "press_decode", "press_quality", "press_agreement"]
 
 
 def test_a_new_section_is_one_registry_entry(monkeypatch, capsys):
