@@ -38,6 +38,11 @@ def test_a_compressed_context_is_reused_whole_and_exactly(name):
     second = e.run(chat(DOC, "Say the code again, please."), max_tokens=3)
     assert second.reused_tokens == second.press_tokens == first.press_tokens
     assert second.verify_diff == 0.0  # bit-identical to compressing the context afresh
+    # the Inspector's memory view says what the press saved (the engine's compress rows)
+    saved = int(events(e, 1, "compress")["bytes"][0])
+    assert saved > 0 and events(e, 2, "compress").height == 0
+    title = kv.viz.memory_over_time(e.events).layout.title.text
+    assert "1 contexts compressed (knorm(ratio=0.5))" in title and "the press saved" in title
 
 
 def test_another_press_or_no_press_never_shares_an_entry(tiny):
