@@ -62,7 +62,8 @@ _SUBMODULES = {
 }
 
 _ERRORS = {"BlockSizeError", "BoundaryError", "BudgetError", "ImageError", "KvlabError",
-           "ModelNotFoundError", "NotTrimmableError", "PressError", "QuantizationError", "RequestError", "SnapshotError",
+           "ModelNotFoundError", "NotTrimmableError", "PressError", "QuantizationError", "RequestError",
+           "SnapshotError",
            "TemplateError", "TokenIdError", "TraceError"}
 __all__ = sorted(set(_LAZY) | set(_SUBMODULES) | _ERRORS | {"load_ipython_extension"})
 

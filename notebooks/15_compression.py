@@ -203,8 +203,8 @@ mine
 # ## Results
 
 # %%
-results = pl.DataFrame(rows, schema={"section": pl.Utf8, "press": pl.Utf8, "ratio": pl.Float64,
-                                     "metric": pl.Utf8, "value": pl.Float64}).with_columns(pl.lit(m.name).alias("model"))
+schema = {"section": pl.Utf8, "press": pl.Utf8, "ratio": pl.Float64, "metric": pl.Utf8, "value": pl.Float64}
+results = pl.DataFrame(rows, schema=schema).with_columns(pl.lit(m.name).alias("model"))
 results = kv.runner.save_results(results, results_path, "15_compression")
 
 # %% [markdown]
@@ -219,7 +219,8 @@ solved = any(v for v in base.values())
 
 def best(ratio):
     part = q.filter(pl.col("ratio") == ratio)
-    key = (lambda r: (-(r["needle_accuracy"] or 0) - (r["vt_accuracy"] or 0), r["kl"])) if solved else (lambda r: r["kl"])
+    def key(r):
+        return (-(r["needle_accuracy"] or 0) - (r["vt_accuracy"] or 0), r["kl"]) if solved else r["kl"]
     return min(part.iter_rows(named=True), key=key)
 
 

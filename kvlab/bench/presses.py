@@ -63,13 +63,15 @@ def bench_bytes(model, tokens: int = BYTES_TOKENS, names=SCORERS + WRAPPED, rati
         target = (1 - ratio) * c.bytes_full
         off = c.bytes_kept - target
         rows.append((name, f"{ratio:.0%}", f"{c.kept_tokens:.1f}", f"{c.bytes_full / 2**20:.2f}",
-                     f"{c.bytes_kept / 2**20:.3f}", f"{target / 2**20:.3f}", f"{off / row_bytes / heads / layers:+.2f}"))
+                     f"{c.bytes_kept / 2**20:.3f}", f"{target / 2**20:.3f}",
+                     f"{off / row_bytes / heads / layers:+.2f}"))
         values.setdefault(name, {})[str(ratio)] = {"bytes_full": c.bytes_full, "bytes_kept": c.bytes_kept,
                                                    "target": target, "rows": c.kept_tokens,
                                                    "within": abs(off) <= tolerance}
     return Table(f"KV bytes a press holds vs (1 - ratio) of the full cache ({len(ids)} tokens, {model.name})",
                  f"kvlab bench --only press_bytes --model {model.name}",
-                 ("press", "ratio", "rows per head", "full MiB", "kept MiB", "target MiB", "off (rows per head per layer)"),
+                 ("press", "ratio", "rows per head", "full MiB", "kept MiB", "target MiB",
+                  "off (rows per head per layer)"),
                  tuple(rows), "Scorer presses keep int(T(1-ratio)) rows of every KV head (kvpress's rule), so "
                  "they sit within one row; pyramid spreads the same total over layers; chunkkv keeps whole "
                  "chunks; adakv masks and frees nothing (as kvpress's; compact=True frees down to its "
@@ -208,4 +210,5 @@ def agreement_target(v: dict) -> tuple[bool, str]:
     ties = sum(x["near_tie_heads"] for _, _, x in cells)
     bad = [f"{n}@{r}: {x['differing_heads']}" for n, r, x in cells if x["differing_heads"]]
     return (bool(cells) and not bad,
-            f"{exact} of {heads} heads exact, {ties} near-ties" + (f"; differing heads {', '.join(bad)}" if bad else ""))
+            f"{exact} of {heads} heads exact, {ties} near-ties"
+            + (f"; differing heads {', '.join(bad)}" if bad else ""))

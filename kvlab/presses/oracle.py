@@ -45,7 +45,8 @@ def masked_attention(kept, cache, compressed_tokens: int, *, gather: bool = Fals
         heads, group = positions.shape[0], q.shape[1] // positions.shape[0]
         holes = bool(mx.any(positions < 0).item())
         if gather and not holes:
-            tail = mx.broadcast_to(mx.arange(compressed_tokens, rows, dtype=mx.int32), (heads, rows - compressed_tokens))
+            tail = mx.broadcast_to(mx.arange(compressed_tokens, rows, dtype=mx.int32),
+                                   (heads, rows - compressed_tokens))
             idx = mx.concatenate([positions, tail], axis=1)
             k = mx.take_along_axis(k, idx[None, :, :, None], axis=2)
             v = mx.take_along_axis(v, idx[None, :, :, None], axis=2)

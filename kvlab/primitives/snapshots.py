@@ -268,8 +268,8 @@ def _checked(model, ids) -> list[int]:
 
 def chunks(net, n: int, cache, step: int | None = None):
     """The prefill chunks ``(start, end)`` of ``n`` ids, yielded one at a time as the cache fills:
-    ``step`` (default PREFILL_STEP) tokens each (as mlx-lm's prefill), lengthened where the net says a chunk may not
-    end (a VLM whose image tokens attend to each other runs each image in one chunk:
+    ``step`` (default PREFILL_STEP) tokens each (as mlx-lm's prefill), lengthened where the net
+    says a chunk may not end (a VLM whose image tokens attend to each other runs each image in one chunk:
     ``RequestModel.chunk_length``).
 
     Example:
@@ -305,7 +305,8 @@ def advance(model, ids, cache, *, step: int | None = None, **kv_quant) -> list:
 def prefill(model, ids, cache=None, *, all_logits: bool = False, kv_bits=None, kv_group_size=64,
             quantized_kv_start=0, step: int | None = None):
     """Run ``ids`` through the model on top of ``cache`` in steps of ``step`` tokens (default
-    PREFILL_STEP, as mlx-lm's prefill does). Returns (last-position logits as float32 [vocab], cache); with
+    PREFILL_STEP, as mlx-lm's prefill does). Returns (last-position logits as float32 [vocab],
+    cache); with
     ``all_logits=True`` the logits of every position of ``ids`` ([len(ids), vocab]). With
     ``kv_bits`` the cache list's layers become QuantizedKVCache as in mlx-lm's generate: after each
     step once their offset reaches ``quantized_kv_start`` (kvlab's default 0; mlx-lm's is 5000).

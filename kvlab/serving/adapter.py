@@ -196,7 +196,8 @@ class StoreAdapter(Attribution):
             if info is not None and why:
                 info["why"] = "; ".join(w for w in (info.get("why"), why) if w)
 
-    def offer(self, rid, toks, key, prompt_cache, ids, *, cache_type: str = "assistant", kind: str | None = None) -> None:
+    def offer(self, rid, toks, key, prompt_cache, ids, *, cache_type: str = "assistant",
+              kind: str | None = None) -> None:
         """Offer ``prompt_cache`` (holding ``ids``, keyed ``key``) to the store for request ``rid``."""
         with self.lock:
             if self.store is None:

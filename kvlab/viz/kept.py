@@ -77,8 +77,10 @@ class KeptView:
     def __init__(self, compressed, tokenizer=None):
         import ipywidgets as w
 
-        items = compressed if isinstance(compressed, dict) else {_checked(c).press.key: c for c in
-                                                                 (compressed if isinstance(compressed, (list, tuple)) else [compressed])}
+        if not isinstance(compressed, dict):
+            many = compressed if isinstance(compressed, (list, tuple)) else [compressed]
+            compressed = {_checked(c).press.key: c for c in many}
+        items = compressed
         if not items:
             raise VizError("KeptView needs at least one kv.Compressed")
         self.items = {str(k): _checked(v) for k, v in items.items()}

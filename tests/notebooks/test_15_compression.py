@@ -37,7 +37,8 @@ def test_15_compression(tmp_path):
     assert reused["reused_tokens"].to_list()[0] == 0 and min(reused["reused_tokens"].to_list()[1:]) > 200
     assert reused["verify_diff"].max() == 0.0
     assert (reuse.filter(pl.col("press") == "recomputed")["reused_tokens"] == 0).all()
-    assert "kvpress agreement not run here: it compares on the embedded SmolLM2" in outputs(nb, "from kvlab.presses import kvpress_peer")
+    said = outputs(nb, "from kvlab.presses import kvpress_peer")
+    assert "kvpress agreement not run here: it compares on the embedded SmolLM2" in said
     view = next(c for c in nb.cells if c.cell_type == "code" and "kv.viz.kept_view(" in c.source)
     assert any("application/vnd.jupyter.widget-view+json" in o.get("data", {}) for o in view.outputs)
 

@@ -35,7 +35,8 @@ def test_registry_order_and_sections():
         assert isinstance(section.NEEDS_MODEL, bool) and callable(section.table), name
     assert [n for n, s in bench.REGISTRY.items() if s.NEEDS_MODEL] == ["ttft", "snapshot", "memory", "quantization",
                                                                       "serving", "tiers", "press_bytes", "press_time",
-                                                                      "press_decode", "press_quality", "press_agreement"]
+                                                                      "press_decode", "press_quality",
+                                                                      "press_agreement"]
 
 
 def test_a_new_section_is_one_registry_entry(monkeypatch, capsys):
