@@ -17,6 +17,7 @@ def register(sub) -> None:
     s.add_argument("--tokens", type=int, default=1024, help="context length in tokens (default 1024)")
     s.add_argument("--n", type=int, default=6, help="tasks of each kind (default 6)")
     s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--decode-tokens", type=int, default=32, help="greedy tokens timed for decode tokens/s")
     s.add_argument("--json", action="store_true", help="one JSON object with the battery's keys")
     s.set_defaults(func=press)
 
@@ -28,6 +29,7 @@ def press(args) -> int:
     from .output import print_result
 
     p = make(args.press, args.ratio)
-    record = run(load(args.model), p, task=args.task, tokens=args.tokens, n=args.n, seed=args.seed)
+    record = run(load(args.model), p, task=args.task, tokens=args.tokens, n=args.n, seed=args.seed,
+                 decode=args.decode_tokens)
     print_result(record, args.json)
     return 0

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.model
 
 
 def run(capsys, *args) -> dict:
-    assert main(["press", "--model", "tiny", *args, "--json"]) == 0
+    assert main(["press", "--model", "tiny", *args, "--decode-tokens", "4", "--json"]) == 0
     return json.loads(capsys.readouterr().out)
 
 

@@ -96,10 +96,10 @@ def test_every_press_equals_the_masked_oracle_on_tiny_models(name):
 
 def test_head_layout_presses_equal_the_masked_oracle_on_smollm2(smol):
     # SmolLM2's 9 query heads over 3 KV heads: GQA averaging (snapkv, expected_attention,
-    # observed_attention), one set for all heads (tova), head-wise budgets (adakv), per-head norms
+    # observed_attention), one set for all heads (tova), head-wise budgets (adakv)
     # mutant caught (checked): KeptKVCache.attention_mask spreading a KV head's mask over its query
     # heads in the wrong order (mx.tile instead of mx.repeat) hides another head's rows
-    check_every_press(smol, {"knorm", "snapkv", "tova", "expected_attention", "observed_attention", "adakv"}, 100,
+    check_every_press(smol, {"snapkv", "tova", "expected_attention", "observed_attention", "adakv"}, 80,
                       masked_tol=tolerance(smol.dtype))
 
 

@@ -14,8 +14,7 @@ import pytest
 from notebook_helpers import execute, finding, outputs
 
 NAME = "15_compression"
-PRESSES = ["knorm", "streaming_llm", "snapkv", "expected_attention", "tova", "observed_attention", "keydiff",
-           "pyramid", "adakv"]
+PRESSES = ["knorm", "streaming_llm", "snapkv", "expected_attention", "tova", "observed_attention", "adakv"]
 
 
 @pytest.mark.notebook
