@@ -89,7 +89,7 @@ for kind, got in found.items():
     record("baseline", "none", 0.0, f"{kind}_accuracy", gated(got[None], got[None])[1])
 for (name, r), p in grid.items():
     c = pre.compress(p)
-    for metric, value in divergence(m, pre, p, cont, full_logits=full).items():
+    for metric, value in divergence(m, pre, p, cont, full_logits=full, compressed=c).items():
         record("quality", name, r, metric, value)
     for kind, got in found.items():
         record("quality", name, r, f"{kind}_accuracy", gated(got[None], got[p.key])[0])
