@@ -17,7 +17,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import mlx.core as mx
 
@@ -58,7 +58,6 @@ class Compressed:
     layers_left: tuple[tuple[int, str], ...]
     prefill_s: float = 0.0
     compress_s: float = 0.0
-    extra: dict = field(default_factory=dict)
 
     @property
     def kept_tokens(self) -> float:

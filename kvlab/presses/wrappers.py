@@ -13,6 +13,10 @@
 - ``composed``: presses one after another, each on what the previous kept (``ratio`` is derived:
   the overall fraction removed);
 - ``per_layer``: ``press`` with a ratio per layer (``ratios``; ``ratio`` is their mean);
+  (pyramid and per_layer leave layers of different lengths: fine for the models whose attention
+  mask is mlx-lm's "causal"; one that builds a single array mask from its first layer's cache for
+  every layer (deepseek_v3, gemma2, phi3small) gets shapes MLX refuses: an error, never a wrong
+  answer)
 - ``decoding``: ``press`` at its ratio on the prompt, then, while decoding, the layer compressed
   again to ``target`` rows every ``every`` new tokens (kvpress's DecodingPress with prefill
   compression; ``kvlab.presses.decoding``).
