@@ -15,10 +15,10 @@ Example:
 """
 
 from .base import Needs, Press, View, n_kept
-from .compress import Compressed, compress
+from .compress import Compressed, Prefilled, compress
 from .custom import FunctionPress, from_function
 from .oracle import continue_logits, masked_attention, oracle_logits
 from .registry import names, parse, press, register
 
-__all__ = ["Compressed", "FunctionPress", "Needs", "Press", "View", "compress", "continue_logits",
+__all__ = ["Compressed", "Prefilled", "FunctionPress", "Needs", "Press", "View", "compress", "continue_logits",
            "from_function", "masked_attention", "n_kept", "names", "parse", "oracle_logits", "press", "register"]
