@@ -4,8 +4,9 @@
 layer it was told to watch, after the attention itself ran (so nothing the model computes
 changes), it keeps the last ``window`` queries (after RoPE), adds up the attention each key
 received from every query (H2O), and adds up the pre-RoPE queries and their outer products (the
-statistics expected attention models future queries with). Each accumulator is evaluated at once:
-a long prompt prefilled in many steps never builds one unbounded lazy graph.
+statistics expected attention models future queries with). Each accumulator is evaluated as it is
+made (``mx.async_eval``: scheduled, without stalling the forward, whose CPU time it leaves as it
+was): a long prompt prefilled in many steps never builds one unbounded lazy graph.
 
 Pre-RoPE queries are the model's own queries rotated back: RoPE at position p is a rotation, so
 applying the layer's own ``rope`` at position -p undoes it (checked on a probe before use).
@@ -85,7 +86,7 @@ class Capture:
             done.append(sums)
         if self.needs.stats:
             done += self._add_stats(layer, q[0], start)
-        mx.eval(done)
+        mx.async_eval(done)  # bounded graph, no stall in the middle of the forward
         return out
 
     def _add_stats(self, layer: int, q: mx.array, start: int) -> list:
