@@ -43,6 +43,21 @@ def tiny_hybrid():
 
 
 @pytest.fixture(scope="session")
+def family():
+    """family("qwen3_5") -> kv.load("tiny:qwen3_5"), each tiny family model loaded once a session."""
+    import kvlab as kv
+
+    loaded = {}
+
+    def _load(model_type: str):
+        if model_type not in loaded:
+            loaded[model_type] = kv.load(f"tiny:{model_type}")
+        return loaded[model_type]
+
+    return _load
+
+
+@pytest.fixture(scope="session")
 def smol():
     """The embedded SmolLM2-135M-Instruct (converted once into KVLAB_HOME)."""
     import kvlab as kv

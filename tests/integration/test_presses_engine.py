@@ -28,9 +28,9 @@ def events(engine, request, event):
     return f.filter((f["request"] == request) & (f["event"] == event))
 
 
-@pytest.mark.parametrize("name", ["tiny", "tiny:qwen3_5"])
-def test_a_compressed_context_is_reused_whole_and_exactly(name):
-    m = kv.load(name)
+@pytest.mark.parametrize("name", ["qwen3", "qwen3_5"])
+def test_a_compressed_context_is_reused_whole_and_exactly(name, tiny, family):
+    m = tiny if name == "qwen3" else family(name)
     e = kv.Engine(m, kv.RadixStore(), press=kv.press("knorm", 0.5), verify=True)
     first = e.run(chat(DOC, "What is the vault code?"), max_tokens=3)
     assert first.reused_tokens == 0 and first.press_tokens > 200 and first.press == "knorm(ratio=0.5)"
@@ -85,11 +85,11 @@ def test_a_compressed_entry_survives_the_disk_tier_and_a_restart(tiny, tmp_path)
     assert again.reused_tokens == again.press_tokens > 0 and again.verify_diff == 0.0
 
 
-def test_stores_that_cut_tokens_and_bad_settings_are_refused(tiny):
+def test_stores_that_cut_tokens_and_bad_settings_are_refused(tiny, family):
     with pytest.raises(PressError, match="paged store .*use a store that keeps whole entries"):
         kv.Engine(tiny, kv.PagedStore(), press=kv.press("knorm", 0.5))
     with pytest.raises(PressError, match="no full-attention layer"):
-        kv.Engine(kv.load("tiny:mamba2"), kv.RadixStore(), press=kv.press("knorm", 0.5))
+        kv.Engine(family("mamba2"), kv.RadixStore(), press=kv.press("knorm", 0.5))
     e = kv.Engine(tiny, kv.RadixStore(), press=kv.press("knorm", 0.5))
     with pytest.raises(PressError, match="context_end must be an int in 1.."):
         e.run(chat(DOC, "Q?"), context_end=10_000)

@@ -99,12 +99,12 @@ def test_context_end_compresses_the_context_and_runs_the_question_at_its_true_po
     assert c.cache[1].offset == 208 and c.cache[1].rows == 100 + 8
 
 
-def test_sliding_recurrent_and_chunked_layers_are_left_and_said_so():
+def test_sliding_recurrent_and_chunked_layers_are_left_and_said_so(family):
     # mutant caught: compressing a RotatingKVCache or a ChunkedKVCache as if it were full KV
     # (its rows are a window, not positions 0..T-1)
-    for name, left in (("tiny:gemma3_text", "sliding window of 32"), ("tiny:qwen3_5", "recurrent state (ArraysCache)"),
-                       ("tiny:llama4", "chunked attention of 32")):
-        m = kv.load(name)
+    for name, left in (("gemma3_text", "sliding window of 32"), ("qwen3_5", "recurrent state (ArraysCache)"),
+                       ("llama4", "chunked attention of 32")):
+        m = family(name)
         c = kv.compress(m, ids_of(120), kv.press("knorm", 0.5))
         others = tuple(i for i, kind in enumerate(m.layout.kinds) if kind != "full")
         assert others and c.layers_left == tuple((i, left) for i in others), (name, c.layers_left)
@@ -112,8 +112,8 @@ def test_sliding_recurrent_and_chunked_layers_are_left_and_said_so():
         assert all(c.kept[i] is None for i, _ in c.layers_left)
 
 
-def test_cache_list_parts_are_compressed_part_by_part():
-    m = kv.load("tiny:falcon_h1")
+def test_cache_list_parts_are_compressed_part_by_part(family):
+    m = family("falcon_h1")
     ids, question = ids_of(120), ids_of(5, 3)
     pre = Prefilled(m, ids, [kv.press("knorm", 0.5)])
     c = pre.compress(kv.press("knorm", 0.5))
@@ -143,9 +143,9 @@ def test_quantized_kv_is_compressed_then_quantized(smol):
     assert mx.array_equal(continue_logits(smol, whole, question), want)
 
 
-def test_bad_input_gets_kvlab_errors_that_say_what_to_do(tiny):
+def test_bad_input_gets_kvlab_errors_that_say_what_to_do(tiny, family):
     with pytest.raises(PressError, match="has no full-attention layer .*would compress nothing"):
-        kv.compress(kv.load("tiny:mamba2"), ids_of(40), kv.press("knorm", 0.5))
+        kv.compress(family("mamba2"), ids_of(40), kv.press("knorm", 0.5))
     with pytest.raises(PressError, match="compress takes a press|made with kv.press"):
         kv.compress(tiny, ids_of(40), "knorm")
     with pytest.raises(PressError, match="not more than its window of 64"):
