@@ -58,7 +58,7 @@ _SUBMODULES = {
     "traces": "experiments.traces", "runner": "experiments.runner", "grid": "experiments.grid",
     "cost": "experiments.cost", "replay": "experiments.replay", "simulator": "sim.simulator",
     "snapshots": "primitives.snapshots", "errors": "errors", "checkpoints": "checkpoints",
-    "diagnostics": "diagnostics", "proxying": "proxying", "presses": "presses",
+    "diagnostics": "diagnostics", "proxying": "proxying", "cluster": "cluster", "presses": "presses",
 }
 
 _ERRORS = {"BlockSizeError", "BoundaryError", "BudgetError", "ImageError", "KvlabError",

@@ -1,8 +1,9 @@
 """The device MLX runs kvlab's arrays on, and every decision that depends on it.
 
 One place for platform facts: the backend (``cpu``, ``metal``, ``cuda``), the device's name, the
-memory it can use, the size its allocator really takes for a byte count, Metal's buffer limit and
-the BLAS that runs matmuls. Store budgets, memory counters, the BLAS label and warning and the
+memory it can use, the size its allocator really takes for a byte count, Metal's buffer limit, the
+BLAS that runs matmuls and the attention kernel (``kvlab.models.cpu_attention`` on Linux CPU,
+MLX's own elsewhere or with ``KVLAB_CPU_ATTENTION=mlx``). Store budgets, memory counters, the BLAS label and warning and the
 benchmark headers all read them from here, so a Mac or a CUDA machine is not told Linux-CPU things.
 
 ``current()`` reads mlx once (``read_probe``) and decides (``Device.from_probe``); tests decide for
@@ -10,7 +11,7 @@ a backend that cannot run here by passing that backend's probe values to the sam
 
 Example:
     >>> current()                                     # doctest: +SKIP
-    Device(cpu, Intel(R) Xeon(R) Processor, 7.8 GiB usable, BLAS OpenBLAS)
+    Device(cpu, Intel(R) Xeon(R) Processor, 7.8 GiB usable, BLAS OpenBLAS, attention kvlab-cpu)
     >>> Device.for_backend("metal").allocation_bytes(20_000)
     32768
 """
@@ -18,6 +19,7 @@ Example:
 from __future__ import annotations
 
 import functools
+import os
 import platform
 from dataclasses import dataclass
 
@@ -44,6 +46,11 @@ CUDA_PAGE = 16384
 CUDA_SMALL_BLOCK = 8
 # mlx/backend/metal/device_info.cpp: sysctl iogpu.rsrc_limit, 499000 when the OS does not say
 METAL_RESOURCE_LIMIT = 499_000
+# the attention kernels kvlab can choose (kvlab.models.cpu_attention.NAME, and MLX's own) and the
+# switch that keeps MLX's on Linux CPU too
+KVLAB_ATTENTION, MLX_ATTENTION = "kvlab-cpu", "mlx"
+ATTENTION_SWITCH = "KVLAB_CPU_ATTENTION"
+ATTENTION_SWITCH_VALUES = ("", "auto", "kvlab", MLX_ATTENTION)
 
 
 @dataclass(frozen=True)
@@ -51,7 +58,8 @@ class Device:
     """Where kvlab's arrays live. ``memory``: bytes the device can use (None when mlx does not
     say), ``memory_source`` says where the figure came from; ``ram``: the host's physical memory;
     ``buffer_limit``: live buffers the backend allows (Metal), else None; ``blas``: what runs
-    float32 matmuls; ``system``: ``platform.system()``; ``fast_blas``: OpenBLAS is loaded (Linux)."""
+    float32 matmuls; ``system``: ``platform.system()``; ``fast_blas``: OpenBLAS is loaded (Linux);
+    ``attention``: the attention kernel kvlab's models use (KVLAB_ATTENTION or MLX_ATTENTION)."""
 
     backend: str
     name: str
@@ -62,10 +70,11 @@ class Device:
     blas: str
     system: str
     fast_blas: bool = True
+    attention: str = MLX_ATTENTION
 
     @classmethod
     def from_probe(cls, *, metal: bool, cuda: bool, gpu_default: bool, info: dict, system: str,
-                   ram: int, processor: str = "", fast_blas: bool = True) -> "Device":
+                   ram: int, processor: str = "", fast_blas: bool = True, cpu_attention: str = "") -> "Device":
         """The device these probe values describe (``read_probe()`` gives this process's).
 
         Example:
@@ -95,7 +104,8 @@ class Device:
             blas = "Accelerate"
         else:
             blas = "OpenBLAS" if fast_blas else "reference BLAS"
-        return cls(backend, name, memory, source, int(ram), limit, blas, system, bool(fast_blas))
+        return cls(backend, name, memory, source, int(ram), limit, blas, system, bool(fast_blas),
+                   choose_attention(backend, system, cpu_attention))
 
     @classmethod
     def for_backend(cls, backend: str, **probe) -> "Device":
@@ -174,19 +184,38 @@ class Device:
 
     @property
     def label(self) -> str:
-        """One line for headers: backend, device name, BLAS."""
-        return f"{self.backend} ({self.name}), BLAS {self.blas}"
+        """One line for headers: backend, device name, BLAS, attention kernel."""
+        return f"{self.backend} ({self.name}), BLAS {self.blas}, attention {self.attention}"
 
     def __repr__(self) -> str:
         mem = "unknown" if self.memory is None else fmt_bytes(self.memory)
         limit = "" if self.buffer_limit is None else f", {self.buffer_limit:,} buffers"
-        return f"Device({self.backend}, {self.name}, {mem} usable{limit}, BLAS {self.blas})"
+        return (f"Device({self.backend}, {self.name}, {mem} usable{limit}, BLAS {self.blas}, "
+                f"attention {self.attention})")
 
     def _repr_html_(self) -> str:
         mem = "unknown" if self.memory is None else fmt_bytes(self.memory)
         return summary_html("Device", self.backend, self.name, f"{mem} usable ({self.memory_source})",
                             None if self.buffer_limit is None else f"{self.buffer_limit:,} buffers max",
-                            f"BLAS {self.blas}")
+                            f"BLAS {self.blas}", f"attention {self.attention}")
+
+
+def choose_attention(backend: str, system: str, switch: str = "") -> str:
+    """The attention kernel for this platform: kvlab's CPU kernel on Linux CPU, where MLX's ``exp``
+    is scalar and softmax dominates a long prefill; MLX's fused kernels on Metal and CUDA (and on
+    macOS CPU, not measured); ``switch`` (the KVLAB_CPU_ATTENTION value) ``mlx`` keeps MLX's.
+
+    Example:
+        >>> choose_attention("cpu", "Linux"), choose_attention("metal", "Darwin"), choose_attention("cpu", "Linux", "mlx")
+        ('kvlab-cpu', 'mlx', 'mlx')
+    """
+    switch = (switch or "").strip().lower()
+    if switch not in ATTENTION_SWITCH_VALUES:
+        raise DeviceError(f"{ATTENTION_SWITCH}={switch!r} is not understood: unset it (kvlab chooses), or set "
+                          f"it to {MLX_ATTENTION!r} to keep MLX's own attention kernel")
+    if switch == MLX_ATTENTION or backend != "cpu" or system != "Linux":
+        return MLX_ATTENTION
+    return KVLAB_ATTENTION
 
 
 def read_probe() -> dict:
@@ -200,7 +229,8 @@ def read_probe() -> dict:
     return {"metal": metal, "cuda": bool(cuda is not None and cuda.is_available()),
             "gpu_default": mx.default_device().type == mx.gpu, "info": info,
             "system": platform.system(), "ram": int(psutil.virtual_memory().total),
-            "processor": platform.processor(), "fast_blas": _blas.fast_blas_active()}
+            "processor": platform.processor(), "fast_blas": _blas.fast_blas_active(),
+            "cpu_attention": os.environ.get(ATTENTION_SWITCH, "")}
 
 
 @functools.cache

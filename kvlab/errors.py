@@ -114,3 +114,8 @@ class PressError(KvlabError, ValueError):
 class PeerError(KvlabError, RuntimeError):
     """A peer kvlab compares against (vllm-mlx, mlx-vlm's server, kvpress) that cannot be installed,
     started, reached or run; the message says what to install or fix."""
+
+
+class TenantError(KvlabError, ValueError):
+    """A keys file, server secret or tenant setting kvlab cannot use (a malformed line, a key
+    given twice, an unreadable secret); the message names the file and line."""

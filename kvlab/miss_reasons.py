@@ -8,7 +8,9 @@ covers the key's first ``tokens`` tokens (a paged block, found by its chained ha
 ``block_size`` tokens); an ``evict`` / ``block_removed`` uncovers what that entry covered, and a
 token no entry covers any more is *lost*, by that request. A tiered store's ``demote`` hands an
 entry to the disk instead of losing it. Plain ids are remembered apart from their namespace, to
-tell a salt or an image from a new prompt.
+tell a salt or an image from a new prompt, and apart per ``scope`` (a server's tenant): ids another
+tenant cached are never a reason of this one's (``salt_or_extra_keys`` would tell it that someone
+else holds the same tokens).
 
 A request's missed tokens ``[reused, n)``, in units of the store's granularity ``g`` (1, or the
 block size; only the units within the first ``n - 1`` tokens can hit):
@@ -107,9 +109,12 @@ class MissIndex:
         self._records: dict[tuple, tuple] = {}  # (tier, entry) -> (last node, tokens, request)
 
     # -- the trie ---------------------------------------------------------------------------------
-    def _path(self, symbols, create: bool) -> list[int]:
-        """Nodes of symbols[:1], symbols[:2], ... (as far as they exist, unless ``create``)."""
-        path, node = [], 0
+    def _path(self, symbols, create: bool, root: int = 0) -> list[int]:
+        """Nodes of symbols[:1], symbols[:2], ... below ``root`` (as far as they exist, unless
+        ``create``)."""
+        path, node = [], root
+        if node < 0:
+            return path
         for s in symbols:
             nxt = self._child.get((node, s))
             if nxt is None:
@@ -126,21 +131,30 @@ class MissIndex:
             node = nxt
         return path
 
+    def _plain(self, key: CacheKey, sym, path: list[int], scope, create: bool) -> list[int]:
+        """The nodes of ``key``'s plain ids: ``path`` itself for a key without a namespace in
+        the shared scope, else below the scope's own root (a node no symbol of a key can reach)."""
+        if scope is None:
+            return path if sym is key.ids else self._path(key.ids, create)
+        root = self._path((("scope", str(scope)),), create)
+        return self._path(key.ids, create, root[0] if root else -1)
+
     @property
     def nodes(self) -> int:
         return len(self._parent) - 1
 
     # -- explaining -------------------------------------------------------------------------------
     def explain(self, key: CacheKey, reused: int, *, untrimmable: bool = False,
-                refused: int = 0) -> Explained:
+                refused: int = 0, scope=None) -> Explained:
         """Why the tokens of ``key`` past ``reused`` were not reused, from what was cached before
         this request (call it before ``record`` of the same request). ``untrimmable``: the
         engine's cache cannot be trimmed; ``refused``: tokens the store served that could not be
-        trimmed to fit (``not_trimmable``, whatever the memory says)."""
+        trimmed to fit (``not_trimmable``, whatever the memory says); ``scope``: the tenant whose
+        plain ids count (None: everyone's)."""
         n, g = len(key), self.granularity
         sym = key.symbols()
         path = self._path(sym, False)
-        plain = path if sym is key.ids else self._path(key.ids, False)
+        plain = self._plain(key, sym, path, scope, False)
         out = dict.fromkeys(ALL_REASONS, 0)
         units = (n - 1) // g
         out["partial_block"] = n - max(units * g, reused)
@@ -181,9 +195,11 @@ class MissIndex:
         return Explained(out, diverged_at, evicted_by)
 
     # -- remembering ------------------------------------------------------------------------------
-    def record(self, request: int, key: CacheKey, events, *, offered: CacheKey | None = None) -> None:
+    def record(self, request: int, key: CacheKey, events, *, offered: CacheKey | None = None,
+               scope=None) -> None:
         """Apply one request's store events. ``key``: the longest key the request inserted (every
-        other insert of the request is a prefix of it); ``offered``: what it offered the store."""
+        other insert of the request is a prefix of it); ``offered``: what it offered the store;
+        ``scope``: the request's tenant (its plain ids are remembered for it alone)."""
         sym = key.symbols()
         path = plain = blocks = None
         pending = None  # a tiered store's demote: the next entry leaving RAM moves to this disk name
@@ -199,7 +215,7 @@ class MissIndex:
                     continue
                 if path is None:
                     path = self._path(sym, True)
-                    plain = path if sym is key.ids else self._path(key.ids, True)
+                    plain = self._plain(key, sym, path, scope, True)
                     blocks = ({h.hex(): i for i, h in enumerate(key.block_hashes(self.block_size))}
                               if self.block_size else {})
                 i = blocks.get(ev.entry)

@@ -63,6 +63,13 @@ class Reuse:
     refused: int = 0
     lookup_s: float = 0.0
     restore_s: float = 0.0
+    why_is_store_wide: bool = False  # ``why`` describes the store beyond this key's namespace
+
+    @property
+    def scoped_why(self) -> str:
+        """``why`` as a tenant may read it: a miss the store explained by what it holds for
+        others (\"nothing cached yet\", the cached system prompt's length) says nothing."""
+        return "" if self.why_is_store_wide else self.why
 
     @property
     def kind(self) -> str:
@@ -109,14 +116,15 @@ class PrefixCache:
         return self.store is not None and self.store.capabilities.needs_spans
 
     # -- lookup -----------------------------------------------------------------------------------
-    def lookup(self, request, key: CacheKey, tokens, *, limit: int, whole: bool = False) -> Reuse:
+    def lookup(self, request, key: CacheKey, tokens, *, limit: int, whole: bool = False, scope=None) -> Reuse:
         """What to restore for ``key`` (at most ``limit`` tokens: one less than the prompt, whose
-        last token is always recomputed) and why every other token missed. ``whole``: serve only
-        an entry of exactly ``limit`` tokens (a compressed context: its kept rows depend on every
-        token it was compressed with, so neither a longer entry cut back nor a shorter one
+        last token is always recomputed) and why every other token missed (``scope``: the
+        tenant whose memory explains it; None: one memory for every request). ``whole``: serve
+        only an entry of exactly ``limit`` tokens (a compressed context: its kept rows depend on
+        every token it was compressed with, so neither a longer entry cut back nor a shorter one
         continued is the compression of this context)."""
         start = timing.timed()
-        match, why = MISS, ""
+        match, why, store_wide = MISS, "", False
         if self.store is None:
             why = "no store"
         elif limit < 1:
@@ -125,6 +133,7 @@ class PrefixCache:
             match = self.store.lookup(key, tokens, limit=limit)
             # a store that cannot hold this model's cache misses for that reason, not for its own
             why = self.store_refuses if self.store_refuses and not match.tokens else match.why
+            store_wide = not match.tokens and why == match.why and bool(why)
         lookup_s = start.done()
         self.emit(request, "lookup", len(key.ids), 0, None, match.kind)
         t = timing.timed()
@@ -157,14 +166,14 @@ class PrefixCache:
                 self.emit(request, "refused", refused, 0, match.entry_id, why if inside else str(e))
         restore_s = t.done([layer.state for layer in cache or ()])
         untrimmable = whole or not self.layout.restores_anywhere or refused > 0
-        missed = self.misses.explain(key, reused, untrimmable=untrimmable, refused=refused)
+        missed = self.misses.explain(key, reused, untrimmable=untrimmable, refused=refused, scope=scope)
         if reused:
             self.emit(request, "hit", reused, 0, match.entry_id, match.kind)
         for reason, n in missed.reasons.items():
             if n:
                 self.emit(request, "miss", n, 0, None, reason)
         return Reuse(key, cache, reused, match, why, missed, refused - reused if refused else 0,
-                     lookup_s, restore_s)
+                     lookup_s, restore_s, store_wide)
 
     def _restorable(self, snap: Snapshot, tokens: int) -> Snapshot:
         """``snap`` cut to its first ``tokens`` tokens, checked to be this model's KV in this
@@ -204,16 +213,17 @@ class PrefixCache:
         self.store.insert(key, tokens, snap, kind=kind)
         return True
 
-    def drain(self, request, key: CacheKey, *, offered: bool = True, **extra) -> list[StoreEvent]:
+    def drain(self, request, key: CacheKey, *, offered: bool = True, scope=None, **extra) -> list[StoreEvent]:
         """Move the store's events into the stream and the miss memory (``key``: the longest key
         the request inserted since the last drain; ``offered``: whether it was offered to the
-        store); returns them."""
+        store; ``scope``: the request's tenant, as for :meth:`lookup`); returns them."""
         if self.store is None:
             return []
         events = self.store.drain_events()
         for ev in events:
             self.emit(request, ev.event, ev.tokens, ev.nbytes, ev.entry, ev.detail, **extra)
-        self.misses.record(-1 if request is None else request, key, events, offered=key if offered else None)
+        self.misses.record(-1 if request is None else request, key, events, offered=key if offered else None,
+                           scope=scope)
         return events
 
     def __repr__(self) -> str:

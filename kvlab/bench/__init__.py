@@ -1,13 +1,15 @@
 """Side-by-side benchmarks: every contender runs in the same process, interleaved over repeats, and
 each table reports the median and spread (pstdev, min-max) plus ratios against a reference.
 
-    kvlab bench --model smollm2 --repeats 5 --write BENCHMARKS.md
+    kvlab bench --model smollm2 --repeats 5 --write BENCHMARKS.md      # every section
+    kvlab bench --only vlm_peers --repeats 3 --write BENCHMARKS.md     # one section, the others kept
 
 One module per section; each has ``NEEDS_MODEL`` and ``table(settings) -> Table`` (its raw numbers
 in ``Table.values``); a module holding several sections registers ``families.Section`` objects
-instead. A new section is a new module plus one line in ``REGISTRY``; a new target is
-one ``Target`` in ``summary.TARGETS``, which BENCHMARKS.md and the README's summary are generated
-from.
+instead. A new section is a new module plus one line in ``REGISTRY``, then written alone with
+``kvlab bench --only NAME --write BENCHMARKS.md`` (``kvlab.bench.report``: a unit test requires a
+block for every section); a new target is one ``Target`` in ``summary.TARGETS``, whose row the
+summary of BENCHMARKS.md and the README shows from its section's run.
 
 Example:
     >>> tables = kv.bench.run("tiny", repeats=2, only=["hashing"])
@@ -23,8 +25,9 @@ from dataclasses import replace
 
 from .. import device
 from ..errors import KvlabError
-from . import (blas, exp, hashing, memory, policies, press_agreement, proxy, quantization, served_checkpoints,
-               serving, simulator, snapshot, tiers, ttft, vlm_peers)
+from . import (attention, blas, cluster, exp, hashing, memory, policies, prefill, press_agreement, proxy,
+               quantization, route, served_checkpoints, serving, simulator, snapshot, tenants, tiers, ttft,
+               vlm_peers)
 from .families import checkpoint_policies, conformance
 from .families_cache import hybrid_ttft, sliding_bytes
 from .presses import press_bytes, press_decode, press_quality, press_time
@@ -41,18 +44,23 @@ REGISTRY = {
     "memory": memory,
     "hashing": hashing,
     "simulator": simulator,
+    "cluster": cluster,
     "exp": exp,
+    "attention": attention,
+    "prefill": prefill,
     "quantization": quantization,
     "policies": policies,
     "serving": serving,
     "served_checkpoints": served_checkpoints,
     "proxy": proxy,
+    "route": route,
     "tiers": tiers,
     "conformance": conformance,
     "checkpoint_policies": checkpoint_policies,
     "hybrid_ttft": hybrid_ttft,
     "sliding_bytes": sliding_bytes,
     "vlm_peers": vlm_peers,
+    "tenants": tenants,
     "press_bytes": press_bytes,
     "press_time": press_time,
     "press_decode": press_decode,
@@ -100,7 +108,7 @@ def machine(dev: device.Device | None = None) -> str:
 
     Example:
         >>> machine(device.Device.for_backend("metal", info={"device_name": "Apple M2"}))  # doctest: +ELLIPSIS
-        '... cores, Python ..., metal (Apple M2), BLAS Accelerate'
+        '... cores, Python ..., metal (Apple M2), BLAS Accelerate, attention mlx'
     """
     return (f"{platform.system()} {platform.machine()}, {os.cpu_count()} cores, Python "
             f"{platform.python_version()}, {(dev or device.current()).label}")

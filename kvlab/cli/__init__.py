@@ -15,12 +15,14 @@ import argparse
 import sys
 
 from ..errors import KvlabError
-from . import bench, checkpoints, conformance, loadgen, notebooks, press, proxy, serving, setup, simulate, workload
+from . import (audit, bench, checkpoints, conformance, loadgen, notebooks, press, proxy, route, serving, setup,
+               simulate, workload)
 
 __all__ = ["COMMANDS", "build_parser", "main"]
 
 # the command groups, in the order `kvlab --help` lists them
-COMMANDS = (setup, bench, simulate, workload, notebooks, serving, proxy, loadgen, checkpoints, conformance, press)
+COMMANDS = (setup, bench, simulate, workload, notebooks, serving, proxy, route, loadgen, checkpoints, conformance,
+            audit, press)
 # old command names kept for one release: old -> new
 RENAMED = {"load": "loadgen", "run": "execute"}
 

@@ -1,5 +1,6 @@
 """`kvlab bench`: the side-by-side benchmark tables, printed as they finish; with ``--write`` the
-whole markdown file is regenerated from this run (and the README's marked summary block with it)."""
+sections run are rewritten in the markdown file, each naming this run, the others left as they
+were (``kvlab.bench.report``), and the README's marked summary block is rendered from the file."""
 
 from __future__ import annotations
 
@@ -19,8 +20,8 @@ def register(sub) -> None:
     s.add_argument("--repeats", type=int, default=5)
     s.add_argument("--only", default=None, help=f"comma-separated: {','.join(SECTIONS)}")
     s.add_argument("--write", default=None,
-                   help="regenerate this markdown file from this run: header, summary against the "
-                        "targets, findings, every table")
+                   help="write the sections run into this markdown file (each names this run: command, "
+                        "commit, date), with the summary rows their targets own; other sections stay")
     s.add_argument("--readme", default=None,
                    help="the README whose bench-summary block to rewrite with the same numbers "
                         "(default with --write: README.md beside the written file, if it exists)")
@@ -44,8 +45,8 @@ def command_of(args) -> str:
 
 
 def bench(args) -> int:
-    from ..bench import machine, run
-    from ..bench.summary import START, document, readme_block, replace_marked
+    from ..bench import machine, report, run
+    from ..bench.summary import START, replace_marked
     from ..primitives.files import atomic_write
 
     only = args.only.split(",") if args.only else None
@@ -57,19 +58,25 @@ def bench(args) -> int:
     marked = readme_text is not None and START.split(":")[0] in readme_text
     if marked:
         replace_marked(readme_text, "", name=readme)  # bad markers fail now, not after the run
+    if args.write:
+        report.parse(_read(args.write), args.write)  # a file kvlab did not write fails now too
     started = timing.timed()
+    this = report.Run(command_of(args), report.commit(), timing.stamp("%Y-%m-%d %H:%M"), machine())
     tables = run(args.model, args.repeats, only, on_table=lambda t: print(t.markdown(), flush=True),
                  ttft_system_tokens=args.ttft_system_tokens, dtype=args.dtype)
-    meta = {"command": command_of(args), "machine": machine(), "when": timing.stamp("%Y-%m-%d %H:%M")}
+    # read again: another section may have been written to the file during a run of an hour
+    doc = report.merge(report.parse(_read(args.write), args.write) if args.write else None, tables, this)
     if args.write:
-        atomic_write(args.write, document(tables, **meta))
-        print(f"kvlab: wrote {args.write} ({started.done():.0f} s)")
+        atomic_write(args.write, report.render(doc))
+        print(f"kvlab: wrote {', '.join(t.section for t in tables)} into {args.write} ({started.done():.0f} s)")
     if marked:
         details = os.path.relpath(args.write, os.path.dirname(os.path.abspath(readme))) if args.write else None
-        # read again: the README may have been edited during a run that takes half an hour
-        block = readme_block(tables, details=details, **meta)
-        atomic_write(readme, replace_marked(open(readme).read(), block, name=readme))
+        atomic_write(readme, replace_marked(open(readme).read(), report.readme_block(doc, details), name=readme))
         print(f"kvlab: rewrote the bench summary in {readme}")
     elif readme_text is not None:
         print(f"kvlab: {readme} has no {START} / end markers; left unchanged")
     return 0
+
+
+def _read(path) -> str | None:
+    return open(path).read() if os.path.exists(path) else None

@@ -25,6 +25,15 @@ def register(sub) -> None:
                    help="tokenizer for token ids and hash ids: a kvlab model name (smollm2, tiny) or an "
                    "mlx-lm folder; without it prompts are compared message by message")
     s.add_argument("--timeout", type=float, default=600.0, help="seconds to wait on the upstream")
+    s.add_argument("--users", default=None, metavar="FILE",
+                   help="one 'KEY USER [UPSTREAM_CREDENTIAL]' line per key: callers must present a key, "
+                   "which is swapped for their upstream credential; rows and diagnostics per user")
+    s.add_argument("--admin-key", default=None, metavar="KEY", help="the operator's key: reads every user's rows")
+    s.add_argument("--cache-salt", action="store_true",
+                   help="inject each user's cache_salt (vLLM's field) into request bodies, for upstreams "
+                   "that take one (vLLM, kvlab serve): users then share no cache upstream")
+    s.add_argument("--tenant-secret", default=None, metavar="PATH",
+                   help="the secret user salts are keyed with (default $KVLAB_HOME/tenants/secret)")
     s.set_defaults(func=run)
 
 
@@ -32,12 +41,14 @@ def run(args) -> int:
     from ..proxying.server import Proxy
 
     px = Proxy(args.upstream, host=args.host, port=args.port, record=args.record,
-               record_text=args.record_text, tokenizer=args.model, timeout=args.timeout).start()
+               record_text=args.record_text, tokenizer=args.model, timeout=args.timeout, users=args.users,
+               admin_key=args.admin_key, cache_salt=args.cache_salt, tenant_secret=args.tenant_secret).start()
     in_foreground(px, f"kvlab proxy: {px.url} -> {px.upstream}"
                   f"{' · tokenizer ' + str(args.model) if args.model else ' · no tokenizer (positions in messages)'}"
                   f"{' · recording ' + str(args.record) if args.record else ''}"
                   f"{' (no hash ids without --model)' if args.record and not args.model else ''}"
                   f" · requests at {px.url}/kvlab/requests · metrics at {px.url}/metrics"
+                  f"{' · ' + repr(px.users) if px.users.active else ''}"
                   " · Ctrl-C to stop", px.wait_stopped)
     print(f"kvlab proxy: stopped after {len(px.requests)} requests", file=sys.stderr, flush=True)
     return 0

@@ -13,10 +13,14 @@ def register(sub) -> None:
 
 
 def prepare(args) -> int:
+    from ..device import KVLAB_ATTENTION, current
     from ..experiments.kernel import install_kernelspec
+    from ..models import cpu_attention
     from ..models.loading import prepare as prepare_models
 
     prepare_models()
+    if current().attention == KVLAB_ATTENTION:
+        print(f"kvlab: CPU attention kernel compiled in {cpu_attention.warm():.1f}s")
     install_kernelspec()
     return 0
 

@@ -37,6 +37,12 @@ def register(sub) -> None:
     s.add_argument("--passes", type=int, default=1, help="replay the workload this many times")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--json", action="store_true", help="print JSON")
+    c = s.add_argument_group("cluster", "several instances behind a router (kvlab.cluster)")
+    c.add_argument("--instances", type=int, default=None, help="simulate N instances, each its own cache")
+    c.add_argument("--router", default="round_robin", help="routing rule (kvlab.cluster.ROUTER_NAMES)")
+    c.add_argument("--view", default="precise", help="what a cache-aware rule sees: precise, approximate, stale:D")
+    c.add_argument("--load", type=float, default=1.0, help="arrival speed-up over the trace's timestamps")
+    c.add_argument("--requests", type=int, default=None, help="tile the trace (fresh ids per copy) to N requests")
     s.set_defaults(func=simulate)
 
 
@@ -55,6 +61,8 @@ def simulate(args) -> int:
     tokenizer = None
     if args.workload is not None and any(r.messages is not None for r in source):
         tokenizer = chat_tokenizer()
+    if args.instances is not None:
+        return _cluster(args, source, tokenizer)
     if args.sweep:
         caps = [c.strip() for c in args.sweep.split(",") if c.strip()]
         frame = sweep(source, args.policy, caps, args.block_size, passes=args.passes, tokenizer=tokenizer)
@@ -83,6 +91,24 @@ def simulate(args) -> int:
         for p in per_pass:
             out[f"pass {p['pass']}"] = (f"{p['token_hit_rate']:.1%} ({p['hit_tokens']}/{p['prompt_tokens']}"
                                         f" tokens), request hit {p['request_hit_rate']:.1%}")
+    print_result(out, False)
+    return 0
+
+
+def _cluster(args, source, tokenizer) -> int:
+    from ..sim.simulator import simulate as replay
+
+    if args.sweep or args.passes != 1:
+        raise KvlabError("--instances replays one pass at one capacity: drop --sweep / --passes")
+    r = replay(source, args.policy, args.capacity_tokens, args.block_size, tokenizer=tokenizer,
+               instances=args.instances, router=args.router, view=args.view, load=args.load,
+               requests=args.requests, seed=args.seed)
+    if args.json:
+        print_result(r.json(), True)
+        return 0
+    out = dict(r.json())
+    out["per_instance"] = "; ".join(f"{i}: {p['requests']} requests, {p['hit_tokens']}/{p['prompt_tokens']} hit"
+                                    for i, p in enumerate(out["per_instance"]))
     print_result(out, False)
     return 0
 

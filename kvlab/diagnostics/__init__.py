@@ -65,7 +65,7 @@ from .compare import TYPES, Comparison, ToolsChange, compare, tools_change
 from .detail import TokenDetail, token_detail
 from .dominant import DominantMiss, dominant_miss, request_why
 from .diagnose import PROVIDERS, answer, diagnose, extension, not_found
-from .log import Entry, FingerprintLog
+from .log import Entry, FingerprintLog, SeenBy
 from .provider import (ANTHROPIC_BETA, ANTHROPIC_TYPES, OPENAI_REASONS, OPENAI_TYPES, anthropic_diagnostics,
                        anthropic_not_found, anthropic_request, anthropic_type, anthropic_unavailable,
                        openai_not_found, openai_prompt_cache_diagnostics, openai_reason, openai_request,
@@ -73,6 +73,7 @@ from .provider import (ANTHROPIC_BETA, ANTHROPIC_TYPES, OPENAI_REASONS, OPENAI_T
 from .shape import APIS, Message, PromptShape, ToolDef, canonical_json, shape_of
 
 __all__ = ["ANTHROPIC_BETA", "ANTHROPIC_TYPES", "APIS", "Comparison", "DominantMiss", "Entry", "FingerprintLog", "Message",
+           "SeenBy",
            "OPENAI_REASONS", "OPENAI_TYPES", "PROVIDERS", "PromptShape", "TYPES", "TokenDetail", "ToolDef",
            "ToolsChange", "answer", "anthropic_diagnostics", "anthropic_not_found", "anthropic_request",
            "anthropic_type", "anthropic_unavailable", "canonical_json", "compare", "diagnose", "dominant_miss",

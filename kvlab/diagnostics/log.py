@@ -4,7 +4,9 @@ client will name in its next request (Anthropic's ``previous_message_id``, OpenA
 unknown or expired id is ``None`` (the caller answers the provider's not-found type).
 
 Time is injectable: pass ``now=`` to ``remember``/``get`` or a ``clock`` to the constructor, so a
-test moves time forward without sleeping.
+test moves time forward without sleeping. An entry may name its ``owner`` (a server's tenant):
+``log.seen_by(sees)`` is the log as a caller who may read only the owners ``sees(owner)`` allows
+reads it: every other id is unknown, exactly like an id never remembered.
 
 Example:
     >>> log = FingerprintLog(max_entries=2, ttl_s=60, clock=lambda: 0.0)
@@ -36,6 +38,7 @@ class Entry:
     shape: PromptShape | None
     tokens: Any
     time: float
+    owner: str | None = None
 
     def __repr__(self) -> str:
         n = "?" if self.tokens is None else len(self.tokens)
@@ -57,13 +60,14 @@ class FingerprintLog:
         self._entries: OrderedDict[str, Entry] = OrderedDict()
         self._lock = threading.Lock()
 
-    def remember(self, id: str, shape: PromptShape | None, tokens=None, *, now: float | None = None) -> None:
+    def remember(self, id: str, shape: PromptShape | None, tokens=None, *, now: float | None = None,
+                 owner: str | None = None) -> None:
         """Store a request under the id of its response (replacing an earlier one)."""
         if not isinstance(id, str) or not id:
             raise DiagnosticsError(f"a fingerprint id must be a non-empty string, got {id!r}")
         if tokens is not None and not isinstance(tokens, Tokens):
             tokens = tuple(int(t) for t in tokens)
-        entry = Entry(id, shape, tokens, self.clock() if now is None else float(now))
+        entry = Entry(id, shape, tokens, self.clock() if now is None else float(now), owner)
         with self._lock:
             self._entries.pop(id, None)
             self._entries[id] = entry
@@ -83,6 +87,17 @@ class FingerprintLog:
                 del self._entries[id]
                 return None
             return entry
+
+    def seen_by(self, sees: Callable[[str | None], bool]) -> "SeenBy":
+        """This log as read by a caller who may see the entries of the owners ``sees`` allows.
+
+        Example:
+            >>> log = FingerprintLog(clock=lambda: 0.0)
+            >>> log.remember("msg_1", None, [1], owner="alice")
+            >>> log.seen_by(lambda owner: owner == "bob").get("msg_1") is None
+            True
+        """
+        return SeenBy(self, sees)
 
     def __len__(self) -> int:
         with self._lock:
@@ -104,4 +119,24 @@ class FingerprintLog:
                             body=table_html(["id", "model", "messages", "tokens", "time"], rows, limit=20))
 
 
-__all__ = ["Entry", "FingerprintLog"]
+class SeenBy:
+    """A FingerprintLog as one caller reads it (``FingerprintLog.seen_by``)."""
+
+    def __init__(self, log: FingerprintLog, sees):
+        self.log, self.sees = log, sees
+
+    def get(self, id, *, now: float | None = None) -> Entry | None:
+        entry = self.log.get(id, now=now)
+        return entry if entry is not None and self.sees(entry.owner) else None
+
+    def __contains__(self, id) -> bool:
+        return self.get(id) is not None
+
+    def __repr__(self) -> str:
+        return f"SeenBy({self.log!r})"
+
+    def _repr_html_(self) -> str:
+        return summary_html(repr(self), code=True)
+
+
+__all__ = ["Entry", "FingerprintLog", "SeenBy"]

@@ -149,7 +149,7 @@ def run_grid(path, grid, *, parameters: Mapping | None = None, workers: int = 2,
             s["kernel_name"] = kname or "python3"
     start = timing.now()
     if scheduler is not None:
-        outcomes = _dask_map(specs, scheduler)
+        outcomes = dask_map(_run_spec, specs, scheduler)
     elif workers == 1 or len(specs) == 1:
         outcomes = [_run_spec(s) for s in specs]
     else:
@@ -195,7 +195,15 @@ def _process_map(specs: list[dict], workers: int, verbose: bool) -> list[dict]:
     return out
 
 
-def _dask_map(specs: list[dict], scheduler) -> list[dict]:
+def dask_map(fn, specs: list, scheduler) -> list:
+    """``[fn(s) for s in specs]`` on the Dask cluster at ``scheduler`` (an address or a
+    ``distributed.Client``), in order: the path ``kvlab grid --scheduler`` and the cluster
+    simulator's grids (kvlab.cluster.grid) share.
+
+    Example:
+        >>> dask_map(abs, [-1, 2], "tcp://127.0.0.1:8786")
+        [1, 2]
+    """
     try:
         from distributed import Client
     except ImportError as e:
@@ -206,7 +214,7 @@ def _dask_map(specs: list[dict], scheduler) -> list[dict]:
     except Exception as e:  # OSError/TimeoutError: name the address the user gave
         raise GridError(f"cannot connect to the Dask scheduler at {scheduler!r}: {e}") from e
     try:
-        futures = client.map(_run_spec, specs, pure=False)
+        futures = client.map(fn, specs, pure=False)
         return client.gather(futures)
     finally:
         if own:

@@ -194,14 +194,16 @@ def _read_field(path, block_size: int, hash_field: str) -> Trace:
 
 
 def from_requests(requests: Sequence[Sequence[int]], output_lengths=0, block_size: int = MOONCAKE_BLOCK_SIZE,
-                  timestamps=None, *, keys: Sequence | None = None) -> Trace:
+                  timestamps=None, *, keys: Sequence | None = None, spans: Sequence | None = None) -> Trace:
     """A Mooncake trace from token-id sequences: each request's chained block hashes
     (``kv.block_hashes`` for full blocks, plus one for a trailing partial block) remapped to
     consecutive integers in order of first appearance.
 
     ``output_lengths`` is one int or one per request; ``timestamps`` default to 0, 1, 2, ... ms;
     ``keys`` (one per request: a salt, LoRA id, ...) joins the first block so different keys
-    never share blocks.
+    never share blocks; ``spans`` (one tuple per request of ``(token_start, token_end, key)``)
+    join the blocks they overlap, as ``kv.CacheKey`` extra keys do (a tenant salt that starts after
+    a public prefix: kvlab.tenants).
 
     Example:
         >>> t = kv.traces.from_requests([[1] * 40, [1] * 36], 8, block_size=16)
@@ -213,6 +215,9 @@ def from_requests(requests: Sequence[Sequence[int]], output_lengths=0, block_siz
     outs = [int(output_lengths)] * n if np.isscalar(output_lengths) else [int(x) for x in output_lengths]
     ts = list(range(n)) if timestamps is None else [int(x) for x in timestamps]
     ks = [None] * n if keys is None else list(keys)
+    sp = [()] * n if spans is None else [tuple(x or ()) for x in spans]
+    if len(sp) != n:
+        raise TraceError(f"{n} requests but {len(sp)} span lists; pass one per request")
     if not len(outs) == len(ts) == len(ks) == n:
         raise TraceError(f"{n} requests but {len(outs)} output lengths, {len(ts)} timestamps and "
                          f"{len(ks)} keys; pass one of each per request")
@@ -221,7 +226,7 @@ def from_requests(requests: Sequence[Sequence[int]], output_lengths=0, block_siz
     for i, seq in enumerate(requests):
         if len(seq) == 0:
             raise TraceError(f"request {i} has no tokens; every request needs at least one")
-        hashes = chained_hashes(seq, block_size, key=ks[i])
+        hashes = chained_hashes(seq, block_size, key=ks[i], extra_keys=sp[i])
         rows_ids.append([remap.setdefault(h, len(remap)) for h in hashes])
         lengths.append(len(seq))
     frame = pl.DataFrame({"timestamp": ts, "input_length": lengths, "output_length": outs,

@@ -12,8 +12,9 @@ mask=, sinks=)`` imported by name from ``mlx_lm.models.base`` (or ``mlx_vlm.mode
    ``call(queries, keys, values, cache, scale, mask, sinks)`` (a press reads the window's queries
    here; an oracle adds a mask);
 2. then the library's own function for quantized caches (it dequantizes or runs quantized matmuls),
-   else the kernel chosen with ``set_kernel`` (``mx.fast.scaled_dot_product_attention``'s signature;
-   by default that function itself).
+   else the kernel chosen with ``set_kernel`` (``mx.fast.scaled_dot_product_attention``'s signature);
+   until ``set_kernel`` is called, the one ``kvlab.device`` chose (``Device.attention``): kvlab's
+   CPU kernel (``kvlab.models.cpu_attention``) on Linux CPU, MLX's own elsewhere.
 
 kvlab's loaders call ``install()`` after each model is built, so a model's modules are always
 covered. Wrappers live in a ``ContextVar``: entering one in a notebook does not reach the server's
@@ -34,20 +35,18 @@ import contextlib
 import contextvars
 import sys
 
-from .. import _blas
-
-_blas.load_fast_blas()  # before mlx.core
-
-import mlx.core as mx  # noqa: E402
-
-from ..errors import KvlabError  # noqa: E402
+from .. import device
+from ..errors import KvlabError
+from . import cpu_attention
 
 NAME = "scaled_dot_product_attention"
 MODULE_PREFIXES = ("mlx_lm.models.", "mlx_vlm.models.")
-MLX_KERNEL = "mlx"
+MLX_KERNEL = device.MLX_ATTENTION
+KERNELS = {device.KVLAB_ATTENTION: cpu_attention.attention, MLX_KERNEL: None}
 
 _wrappers: contextvars.ContextVar[tuple] = contextvars.ContextVar("kvlab_attention_wrappers", default=())
-_kernel = {"name": MLX_KERNEL, "fn": None}  # fn None: mx.fast.scaled_dot_product_attention
+# fn None: mx.fast.scaled_dot_product_attention; name None: not chosen yet (the device's choice)
+_kernel = {"name": None, "fn": None}
 _dispatchers: dict[int, object] = {}  # id(library function) -> its dispatcher
 
 
@@ -59,7 +58,7 @@ def _dispatcher(original):
     """The function that stands in for ``original`` (a library's scaled_dot_product_attention)."""
 
     def innermost(queries, keys, values, cache, scale, mask, sinks):
-        fn = _kernel["fn"]
+        fn = _active()["fn"]
         if fn is None or _quantized(cache):
             return original(queries, keys, values, cache, scale=scale, mask=mask, sinks=sinks)
         return fn(queries, keys, values, scale=scale, mask=mask, sinks=sinks)
@@ -134,11 +133,46 @@ def set_kernel(fn, name: str) -> None:
     _kernel.update(fn=fn, name=MLX_KERNEL if fn is None else str(name))
 
 
+def use(name: str) -> None:
+    """Use the kernel of this name (``kvlab-cpu`` or ``mlx``) in every thread; ``use(None)`` goes
+    back to the device's choice (``kvlab.device.current().attention``)."""
+    if name is None:
+        _kernel.update(fn=None, name=None)
+        return
+    if name not in KERNELS:
+        raise KvlabError(f"unknown attention kernel {name!r}; choose one of {', '.join(KERNELS)}")
+    set_kernel(KERNELS[name], name)
+
+
+@contextlib.contextmanager
+def using(name: str):
+    """Run attention with the kernel ``name`` inside this block (every thread), then restore the
+    one before: how a test or benchmark compares kernels side by side.
+
+    Example:
+        >>> with using("mlx"):
+        ...     kernel_name()
+        'mlx'
+    """
+    before = dict(_kernel)
+    use(name)
+    try:
+        yield
+    finally:
+        _kernel.update(before)
+
+
+def _active() -> dict:
+    if _kernel["name"] is None:
+        name = device.current().attention
+        _kernel.update(fn=KERNELS[name], name=name)
+    return _kernel
+
+
 def kernel_name() -> str:
-    """The attention kernel in use: ``mlx`` (MLX's fused one) or the name given to ``set_kernel``."""
-    return _kernel["name"]
+    """The attention kernel in use: ``mlx`` (MLX's fused one), ``kvlab-cpu`` or the name given to
+    ``set_kernel``."""
+    return _active()["name"]
 
 
-def mlx_attention(queries, keys, values, *, scale, mask=None, sinks=None):
-    """MLX's own fused attention (the reference every kernel is compared with)."""
-    return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale, mask=mask, sinks=sinks)
+mlx_attention = cpu_attention.mlx_attention  # MLX's own fused attention: the reference for every kernel

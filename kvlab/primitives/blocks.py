@@ -224,22 +224,27 @@ def block_hashes(ids, block_size: int = 16, *, extra_keys=None, salt=None,
     return out
 
 
-def chained_hashes(ids: Sequence[int], block_size: int, *, key=None, partial: bool = True) -> list[bytes]:
-    """Chained hashes of the full blocks of ``ids`` (``block_hashes``, ``key`` as its salt) and,
-    with ``partial``, one more for a trailing partial block, chained on the last full one: the
-    hash ids Mooncake-format traces carry (vLLM never caches the partial block itself).
+def chained_hashes(ids: Sequence[int], block_size: int, *, key=None, extra_keys=None,
+                   partial: bool = True) -> list[bytes]:
+    """Chained hashes of the full blocks of ``ids`` (``block_hashes``, ``key`` as its salt,
+    ``extra_keys`` its spans) and, with ``partial``, one more for a trailing partial block, chained
+    on the last full one: the hash ids Mooncake-format traces carry (vLLM never caches the
+    partial block itself).
 
     Example:
         >>> len(chained_hashes(range(40), 16)), len(chained_hashes(range(40), 16, partial=False))
         (3, 2)
     """
     ids = np.asarray(ids, dtype=np.int64)
-    full = block_hashes(ids, block_size, salt=key)
+    full = block_hashes(ids, block_size, salt=key, extra_keys=extra_keys or None)
     rest = len(ids) % block_size
     if partial and rest:
         # marked so a partial block never equals a full one; salted like block 0 when it is block 0
         parent = full[-1] if full else NONE_HASH["xxh3_128"] + repr(key).encode()
-        full.append(xxhash.xxh3_128_digest(parent + b"partial" + ids[-rest:].astype("<u4").tobytes()))
+        start = len(ids) - rest
+        spans = [s for s in (extra_keys or ()) if s[1] > start]  # a span reaching into the partial block
+        mark = repr(spans).encode() if spans else b""
+        full.append(xxhash.xxh3_128_digest(parent + b"partial" + ids[-rest:].astype("<u4").tobytes() + mark))
     return full
 
 

@@ -17,9 +17,19 @@ import mlx.core as mx
 from mlx.utils import tree_flatten
 
 from ..errors import SnapshotError, SnapshotFileError
+from .cache_parts import window_kv
 from .kv_format import kv_format as format_of
 from .snapshots import FORMAT_VERSION, LayerState, Snapshot, ids_of
 from .statefile import digest, rebuild, structure
+
+
+def _canonical(layer: LayerState):
+    """A layer's state as written: a sliding window in temporal order (the ring's write index is
+    where mlx-lm happened to stop, not content), so equal windows make equal files."""
+    if layer.kind != "RotatingKVCache" or layer.state[0] is None:
+        return layer.state
+    keys, values, _ = window_kv(layer.state)
+    return (keys, values, *layer.state[2:5], int(keys.shape[2]))
 
 
 def save(snap: Snapshot, path, tokens=None, *, model=None) -> str:
@@ -39,7 +49,7 @@ def save(snap: Snapshot, path, tokens=None, *, model=None) -> str:
     ids = ids_of(tokens) if tokens is not None else snap.token_ids
     arrays, layers_meta = {}, []
     for i, layer in enumerate(snap.layers):
-        flat = tree_flatten(layer.state)
+        flat = tree_flatten(_canonical(layer))
         scalars = {}
         for key, value in flat:
             if isinstance(value, mx.array):

@@ -68,7 +68,15 @@ class Snapshot:
 
     @property
     def trimmable(self) -> bool:
+        """It can drop its last token (not always more: see ``cuts_anywhere``)."""
         return not non_trimmable_layers(self)
+
+    @property
+    def cuts_anywhere(self) -> bool:
+        """It can be cut back exactly to any earlier position, so it serves every prefix of
+        itself. A chunked cache that has dropped its first chunks can drop its last token but
+        cannot go back before the chunk it holds (pitfall 11)."""
+        return not non_trimmable_layers(self, 0)
 
     def __repr__(self) -> str:
         kinds = sorted(set(self.kinds))
@@ -200,6 +208,22 @@ def non_trimmable_layers(snap: Snapshot, keep: int | None = None) -> list[tuple[
     return bad
 
 
+def cut_refusal(snap: Snapshot, keep: int) -> str | None:
+    """Why ``snap`` cannot be cut back exactly to its first ``keep`` tokens (its first layer that
+    refuses, and how many more do), or None when it can.
+
+    Example:
+        >>> cut_refusal(snap, 585)  # a llama4 snapshot of 665 tokens  # doctest: +SKIP
+        'layer 0 (ChunkedKVCache) cannot be trimmed to 585 tokens: its chunked attention of 32 ...'
+    """
+    bad = non_trimmable_layers(snap, keep)
+    if not bad:
+        return None
+    i, kind, why = bad[0]
+    return (f"layer {i} ({kind}) cannot be trimmed to {keep} tokens: {why}"
+            + (f"; {len(bad) - 1} more such layers" if len(bad) > 1 else ""))
+
+
 def trim(snap: Snapshot, n: int) -> Snapshot:
     """A new snapshot without the last ``n`` tokens.
 
@@ -212,12 +236,9 @@ def trim(snap: Snapshot, n: int) -> Snapshot:
                             f"n must be an int in 0..{snap.offset}")
     if n == 0:
         return snap
-    bad = non_trimmable_layers(snap, snap.offset - n)
-    if bad:
-        i, kind, why = bad[0]
-        raise NotTrimmableError(f"layer {i} ({kind}) cannot be trimmed to {snap.offset - n} tokens: {why}"
-                                + (f"; {len(bad) - 1} more such layers" if len(bad) > 1 else "")
-                                + ". Keep snapshots at the boundaries you need instead of trimming.")
+    why = cut_refusal(snap, snap.offset - n)
+    if why:
+        raise NotTrimmableError(why + ". Keep snapshots at the boundaries you need instead of trimming.")
     live = restore(snap)
     for c in live:
         c.trim(n)

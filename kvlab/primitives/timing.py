@@ -120,6 +120,17 @@ def wall() -> float:
     return time.time()
 
 
+def cpu() -> float:
+    """This process's CPU seconds (``time.process_time()``): beside a wall-clock duration on a
+    shared machine, the time the work itself held a core.
+
+    Example:
+        >>> cpu() >= 0.0
+        True
+    """
+    return time.process_time()
+
+
 def wall_ns() -> int:
     """Wall-clock nanoseconds since the epoch (``time.time_ns()``), e.g. for file mtimes."""
     return time.time_ns()

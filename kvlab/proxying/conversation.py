@@ -12,6 +12,10 @@ in (``message_index`` counts the rendered conversation: a system prompt is messa
 role. A prompt is tokenised when its row is made, after the response has gone through, so
 tokenising never delays forwarding; only the ids of the last ``history`` requests are kept.
 
+With users (kvlab.proxying.users) a request is compared only with the same user's earlier
+requests, and a user's listing holds its own rows, numbered for it: no row says what another
+user's prompt shared with it.
+
 ``diagnose(previous, current)`` is the hook for a structural diagnosis (two ``Exchange`` objects;
 their ``prompt.body`` and ``prompt.kind`` are the requests, ``Tracker.ids(ex)`` their ids): whatever it returns is the row's
 ``diagnosis``. kvlab.diagnostics plugs in here, e.g.
@@ -46,7 +50,7 @@ log = logging.getLogger("kvlab.proxy")
 COLUMNS = ("id", "response_id", "route", "model", "stream", "status", "http_status", "unit", "prompt_tokens",
            "upstream_prompt_tokens", "reused_tokens", "output_tokens", "extends", "common_prefix",
            "diverged_at", "message_index", "role", "finish_reason", "arrival", "ttft_s", "e2e_s",
-           "diagnosis", "error")
+           "diagnosis", "error", "user")
 RAN = ("ok", "disconnected")  # statuses of requests the upstream ran (and recorded)
 
 
@@ -61,12 +65,18 @@ class Exchange:
     sent: object
     arrival: float
     t0: float
+    caller: object = None  # the kvlab.tenants.Caller it came from (None: no users)
     watch: Watch = field(default_factory=Watch)
     first: float | None = None
     row: dict | None = None
+    upstream: str | None = None  # the server it went to (a router's choice; a proxy's one upstream)
     _ids: object = field(default=None, repr=False)  # array('q') of token ids or tuple of hashes; () unreadable
     _prompt: Prompt | None = field(default=None, repr=False)
     _lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
+
+    @property
+    def user(self) -> str | None:
+        return None if self.caller is None else self.caller.tenant
 
     @property
     def prompt(self) -> Prompt:
@@ -115,10 +125,11 @@ class Tracker:
     def unit(self) -> str:
         return "tokens" if self.tokenizer is not None else "messages"
 
-    def open(self, route: str, body) -> Exchange:
+    def open(self, route: str, body, caller=None) -> Exchange:
         """Register a request as it arrives, before it is forwarded: ``body`` as sent (bytes) or
-        parsed; nothing is parsed or tokenised here, so forwarding waits for nothing."""
-        ex = Exchange(next(self._ids), route, body, timing.wall(), timing.now())
+        parsed, ``caller`` its user (kvlab.tenants.Caller); nothing is parsed or tokenised here,
+        so forwarding waits for nothing."""
+        ex = Exchange(next(self._ids), route, body, timing.wall(), timing.now(), caller)
         with self._lock:
             self._recent.append(ex)
         return ex
@@ -169,7 +180,7 @@ class Tracker:
                "extends": None, "common_prefix": None, "diverged_at": None, "message_index": None,
                "role": None, "finish_reason": w.finish_reason, "arrival": ex.arrival,
                "ttft_s": (ex.first - ex.t0) if ex.first is not None else None, "e2e_s": end - ex.t0,
-               "diagnosis": None, "error": error}
+               "diagnosis": None, "error": error, "user": ex.user}
         full = self.tokens(ex)
         if full is not None:
             row["prompt_tokens"] = len(full) if self.tokenizer is not None else w.prompt_tokens
@@ -182,7 +193,7 @@ class Tracker:
 
     def _compare(self, ex: Exchange, full, row: dict) -> None:
         with self._lock:
-            earlier = [e for e in self._recent if e.id < ex.id]
+            earlier = [e for e in self._recent if e.id < ex.id and e.user == ex.user]
         mine = self.ids(ex)
         best, best_key = None, (0, 0)
         for e in reversed(earlier):  # latest first, so a tie keeps the latest
@@ -236,11 +247,12 @@ class Tracker:
                                  f"{timeout}s; are they still running upstream?")
         return self.listing()
 
-    def listing(self, since: int = 0) -> list[dict]:
+    def listing(self, since: int = 0, user: str | None = None) -> list[dict]:
         """A JSON-ready copy of the rows from the ``since``-th on (``diagnosis`` through
-        :func:`jsonable`)."""
+        :func:`jsonable`); with ``user`` only that user's rows (``since`` counts them)."""
         with self._lock:
-            return [{**r, "diagnosis": jsonable(r["diagnosis"])} for r in self.rows[max(0, since):]]
+            rows = self.rows if user is None else [r for r in self.rows if r["user"] == user]
+            return [{**r, "diagnosis": jsonable(r["diagnosis"])} for r in rows[max(0, since):]]
 
     def frame(self):
         """The rows as a polars DataFrame (``diagnosis`` as JSON text)."""
@@ -252,6 +264,7 @@ class Tracker:
                 for r in self.listing()]
         schema = {c: pl.Int64 for c in COLUMNS}
         schema.update(response_id=pl.String, route=pl.String, model=pl.String, stream=pl.Boolean, status=pl.String,
+                      user=pl.String,
                       unit=pl.String, role=pl.String, finish_reason=pl.String, arrival=pl.Float64,
                       ttft_s=pl.Float64, e2e_s=pl.Float64, diagnosis=pl.String, error=pl.String)
         return pl.DataFrame([{c: r.get(c) for c in COLUMNS} for r in rows], schema=schema) if rows else pl.DataFrame(schema=schema)

@@ -131,11 +131,13 @@ def _answer(fingerprints, tracker, ex, question, cached_tokens):
                      provider=question.provider)
 
 
-def remember(fingerprints: dx.FingerprintLog, tracker, ex, response_id: str | None) -> None:
-    """Keep ``ex`` (shape and rendered tokens) under its response id, for later comparisons."""
+def remember(fingerprints: dx.FingerprintLog, tracker, ex, response_id: str | None, owner=None) -> None:
+    """Keep ``ex`` (shape and rendered tokens) under its response id, for later comparisons
+    (``owner``: its user; another user's requests never find it)."""
     s = shape(ex)
     if response_id and s is not None:
-        fingerprints.remember(response_id, s, tracker.tokens(ex) if tracker.tokenizer is not None else None)
+        fingerprints.remember(response_id, s, tracker.tokens(ex) if tracker.tokenizer is not None else None,
+                              owner=owner)
 
 
 def put(api: str, target: dict, answered: tuple) -> None:
@@ -147,14 +149,25 @@ def put(api: str, target: dict, answered: tuple) -> None:
         target["kvlab_diagnostics"] = beside
 
 
-def inject_body(api: str, data: bytes, make) -> bytes:
-    """A JSON response with the object added at its top level; ``make(cached_tokens)`` computes
-    it (``answer``'s pair) once the body's usage is read. A body that is not a JSON object is returned as it came."""
+def json_object(data: bytes) -> dict | None:
+    """``data`` parsed, if it is a JSON object; None for anything else (passed on as it came).
+
+    Example:
+        >>> json_object(b'{"a": 1}'), json_object(b"[1]"), json_object(b"not json")
+        ({'a': 1}, None, None)
+    """
     try:
         body = json.loads(data)
     except (ValueError, UnicodeDecodeError):
-        return data
-    if not isinstance(body, dict):
+        return None
+    return body if isinstance(body, dict) else None
+
+
+def inject_body(api: str, data: bytes, make) -> bytes:
+    """A JSON response with the object added at its top level; ``make(cached_tokens)`` computes
+    it (``answer``'s pair) once the body's usage is read. A body that is not a JSON object is returned as it came."""
+    body = json_object(data)
+    if body is None:
         return data
     put(api, body, make(_cached(api, body)))
     return json.dumps(body).encode()
@@ -234,5 +247,5 @@ def _cached(api: str, obj: dict) -> int | None:
     return n if isinstance(n, int) and not isinstance(n, bool) else None
 
 
-__all__ = ["APIS", "Asked", "DiagnosticsError", "StreamInjector", "answer", "asked", "inject_body", "put",
+__all__ = ["APIS", "Asked", "DiagnosticsError", "StreamInjector", "answer", "asked", "inject_body", "json_object", "put",
            "remember", "shape", "structural"]

@@ -9,6 +9,16 @@ is relayed chunk by chunk as it arrives (HTTP/1.1 chunked to the client, one wri
 anything else is read whole and sent with its length. ``GET /kvlab/requests`` lists the rows
 (kvlab.proxying.conversation); ``?since=N`` only those after the first N, for a client that polls.
 
+The upstream is the proxy's ``choose(route, exchange)`` (a Proxy has one; a router,
+kvlab.cluster.router, picks one per request and names it in the response's headers); one that
+that cannot be reached goes to ``refused(...)``, which may name another to try (only when the
+request was not sent: one the upstream received is never run twice).
+
+Users (kvlab.proxying.users): with ``--users`` every route first identifies the caller by its key
+(401 otherwise, in the route's error shape); the key is swapped for the user's upstream
+credential, a ``cache_salt`` injected with ``--cache-salt`` (a client's own that is not a string:
+400), and ``/kvlab/requests``, ``/metrics`` and the diagnostics answer from the user's own rows.
+
 Bad input: an upstream that cannot be reached answers 502 with a JSON error naming its URL and the
 cause (Anthropic's error shape on /v1/messages, OpenAI's elsewhere); a client that leaves
 mid-response closes the upstream connection at once and its row says ``disconnected`` (a stream
@@ -26,7 +36,8 @@ import logging
 from http.server import BaseHTTPRequestHandler
 from urllib.parse import parse_qs, urlsplit
 
-from ..errors import DiagnosticsError
+from ..errors import DiagnosticsError, RequestError
+from ..tenants import presented_key
 from ..serving import prometheus
 from . import diagnosing
 
@@ -59,37 +70,59 @@ class ProxyHandler(BaseHTTPRequestHandler):
             self.px.track(self.connection, False)
 
     # -- routes -----------------------------------------------------------------------------------
+    def _identify(self, route: str) -> bool:
+        """The caller (``caller``: a kvlab.tenants.Caller, None without users); False after a 401."""
+        users = self.px.users
+        found = users.caller(presented_key(self.headers))
+        self.caller = found if users.active else None
+        if found is not None:
+            return True
+        self._json(401, _error(route, "missing or wrong key for this proxy: send 'Authorization: Bearer KEY' "
+                               "or 'x-api-key: KEY' with a key from its users file", "authentication_error"))
+        return False
+
     def do_GET(self):
         route = urlsplit(self.path).path
+        if not self._identify(route):
+            return
         if route == "/kvlab/requests":
             since = parse_qs(urlsplit(self.path).query).get("since", ["0"])[0]
             if not since.isdigit():
                 return self._json(400, _error(route, f"since must be a row count (an integer >= 0), got {since!r}"))
-            return self._json(200, self.px.tracker.listing(int(since)))
+            if self.caller is None:
+                return self._json(200, self.px.tracker.listing(int(since)))
+            return self._json(200, self.px.requests_of(self.caller, int(since)))
         if route == "/metrics":  # the proxy's own, from its rows (an upstream's /metrics is not forwarded)
-            return prometheus.write(self, self.px.metrics)
+            return prometheus.write(self, self.px.metrics, admin=self.caller is None or self.caller.admin)
         if route in GET_ROUTES:
             return self._relay(route, None, None)
+        own = self.px.answer_get(route, parse_qs(urlsplit(self.path).query))
+        if own is not None:
+            return self._json(*own)
         self._json(404, _error(route, f"unknown route GET {route}; the proxy forwards GET "
                                f"{', '.join(GET_ROUTES)} and answers GET /kvlab/requests", "not_found_error"))
 
     def do_POST(self):
         route = urlsplit(self.path).path
         raw = self._body()
-        if raw is None:
+        if raw is None or not self._identify(route):
             return
         if route not in POST_ROUTES:
             return self._json(404, _error(route, f"unknown route POST {route}; the proxy forwards POST "
                                           f"{', '.join(POST_ROUTES)}", "not_found_error"))
         try:
-            question = diagnosing.asked(route, raw, self.headers)
-        except DiagnosticsError as e:
+            question = diagnosing.asked(route, raw, self.headers) if self.px.answers_diagnostics else None
+            if self.caller is not None:
+                raw = self.px.users.body(raw, self.caller)  # the user's cache_salt, if injected
+        except (DiagnosticsError, RequestError) as e:
             return self._json(400, _error(route, str(e)))
-        self._relay(route, raw, self.px.tracker.open(route, raw), question)
+        self._relay(route, raw, self.px.tracker.open(route, raw, self.caller), question)
 
     def _other(self):
         self._body()
         route = urlsplit(self.path).path
+        if not self._identify(route):
+            return
         self._json(404, _error(route, f"no {self.command} route {route}; the proxy forwards POST "
                                f"{', '.join(POST_ROUTES)} and GET {', '.join(GET_ROUTES)}", "not_found_error"))
 
@@ -97,23 +130,35 @@ class ProxyHandler(BaseHTTPRequestHandler):
 
     # -- forwarding -------------------------------------------------------------------------------
     def _relay(self, route: str, raw: bytes | None, ex, question=None) -> None:
-        conn = self.px.connect()
-        try:
+        self.target, tried = self.px.choose(route, ex), []
+        while self.target is not None:
+            conn, sent = self.px.connect(self.target), False
             try:
-                conn.request(self.command, self.px.base_path + self.path, body=raw, headers=self._headers(raw))
+                conn.request(self.command, self.target.base_path + self.path, body=raw, headers=self._headers(raw))
+                sent = True
                 resp = conn.getresponse()
+                break
             except (OSError, http.client.HTTPException) as e:
-                msg = (f"the upstream {self.px.upstream} cannot be reached: {_cause(e)}; check that it "
-                       "is running and that --upstream names it")
-                log.warning("kvlab proxy: %s", msg)
-                if ex is not None:  # the row first: a client that has its answer finds the row
-                    self._finish(ex, status="upstream_unreachable", http_status=502, error=msg)
-                self._json(502, _error(route, msg, "api_error"))
-                return
+                self.px.release(conn)
+                tried.append((self.target.url, _cause(e)))
+                self.target = self.px.refused(self.target, ex, _cause(e), sent)
+        else:
+            msg = self.px.unreachable(tried)
+            log.warning("kvlab proxy: %s", msg)
+            if ex is not None:  # the row first: a client that has its answer finds the row
+                self._finish(ex, status="upstream_unreachable", http_status=502, error=msg)
+            self._json(502, _error(route, msg, "api_error"))
+            return
+        if ex is not None:
+            ex.upstream = self.target.url
+        try:
             answer = None
             if question is not None and resp.status == 200:
+                prints = self.px.fingerprints
+                seen = prints if self.caller is None else prints.seen_by(self.caller.sees)
+
                 def answer(cached, ex=ex):
-                    return diagnosing.answer(self.px.fingerprints, self.px.tracker, ex, question, cached)
+                    return diagnosing.answer(seen, self.px.tracker, ex, question, cached)
             if resp.status == 200 and "text/event-stream" in (resp.getheader("Content-Type") or ""):
                 self._stream(resp, ex, diagnosing.StreamInjector(question.api, answer) if answer else None)
             else:
@@ -125,7 +170,7 @@ class ProxyHandler(BaseHTTPRequestHandler):
         try:
             data = resp.read()
         except (OSError, http.client.HTTPException) as e:
-            msg = f"the upstream {self.px.upstream} broke off its response: {_cause(e)}"
+            msg = f"the upstream {self.target.url} broke off its response: {_cause(e)}"
             if ex is not None:
                 self._finish(ex, status="upstream_error", http_status=502, error=msg)
             self._json(502, _error(route, msg, "api_error"))
@@ -201,6 +246,8 @@ class ProxyHandler(BaseHTTPRequestHandler):
 
     def _headers(self, raw) -> dict:
         out = {k: v for k, v in self.headers.items() if k.lower() not in DROP}
+        if self.caller is not None:
+            out = self.px.users.headers(out, self.caller)  # the user's upstream credential, not its key
         if raw is not None:
             out["Content-Length"] = str(len(raw))
         return out
@@ -210,7 +257,7 @@ class ProxyHandler(BaseHTTPRequestHandler):
         for k, v in resp.getheaders():
             if k.lower() not in DROP:
                 self.send_header(k, v)
-        for k, v in extra:
+        for k, v in (*extra, *self.target.headers):
             self.send_header(k, v)
         self.end_headers()
 

@@ -25,12 +25,13 @@ class ProxyRecorder(Recorder):
 
     def line(self, rec: dict) -> dict:
         ids, messages = rec.pop("prompt_ids", None), rec.pop("messages", None)
+        key = rec.pop("key", None)  # a user's salt when the proxy injects it: hashed as cached upstream
         n = len(ids) if ids is not None else (rec.get("upstream_prompt_tokens") or 0)
         out = {"timestamp": int(rec["arrival"] * 1000), "input_length": n,
                "output_length": rec.get("output_tokens") or 0,
-               "hash_ids": hash_ids(ids, MOONCAKE_BLOCK_SIZE) if ids else [],
+               "hash_ids": hash_ids(ids, MOONCAKE_BLOCK_SIZE, key) if ids else [],
                "kvlab_block_size": self.block_size,
-               "kvlab_hash_ids": hash_ids(ids, self.block_size) if ids else [],
+               "kvlab_hash_ids": hash_ids(ids, self.block_size, key) if ids else [],
                "request": rec.get("id"), "finish": rec["arrival"] + rec["e2e_s"], **rec}
         if self.record_text:
             out.update(prompt_ids=list(ids) if ids is not None else None, messages=messages)

@@ -6,7 +6,10 @@ Requests pass through unchanged (kvlab.proxying.forward); each one becomes a row
 conversation: which earlier request it extends, where the prompts part, what the upstream
 reported reused) and, with ``record``, a line of kvlab's trace format (kvlab.proxying.recording).
 Binds 127.0.0.1 unless told otherwise; ``port=0`` picks a free port. ``upstream`` is the server's
-base URL (a trailing ``/v1`` is dropped: the routes carry it).
+base URL (a trailing ``/v1`` is dropped: the routes carry it). ``users`` (kvlab.proxying.users)
+makes the proxy the door: each user's key in, the user's upstream credential out, a per-user
+``cache_salt`` injected with ``cache_salt=True``, and rows, diagnostics and ``/metrics`` scoped to
+the user (``admin_key`` reads all).
 
 Example:
     >>> with kv.serve("tiny", "radix") as upstream, kv.proxy(upstream.url, tokenizer="tiny") as p:
@@ -20,6 +23,7 @@ import http.client
 import logging
 import os
 import threading
+from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from ..diagnostics import FingerprintLog
@@ -31,6 +35,7 @@ from . import diagnosing
 from .conversation import RAN, Tracker, jsonable
 from .forward import bind_handler
 from .recording import ProxyRecorder
+from .users import ProxyUsers
 from .view import LiveView
 
 log = logging.getLogger("kvlab.proxy")
@@ -63,8 +68,11 @@ class Proxy(Listening):
 
     def __init__(self, upstream: str, *, host: str = "127.0.0.1", port: int = 0, record=None,
                  record_text: bool = False, tokenizer=None, diagnose=None, timeout: float = 600.0,
-                 block_size: int = 16, min_common: int = 1, history: int = 128):
-        self.upstream, self._scheme, self._netloc, self.base_path = _parse_upstream(upstream)
+                 block_size: int = 16, min_common: int = 1, history: int = 128, users=None,
+                 admin_key: str | None = None, cache_salt: bool = False, tenant_secret=None):
+        self.target = upstream_of(upstream)
+        self.upstream = self.target.url
+        self.users = ProxyUsers(users, admin_key=admin_key, cache_salt=cache_salt, secret=tenant_secret)
         self.listener = Listener(host, port, "kvlab proxy", log)
         self.timeout = float(timeout)
         self.tokenizer = _tokenizer(tokenizer)
@@ -107,9 +115,31 @@ class Proxy(Listening):
         with self._lock:
             (self._clients.add if alive else self._clients.discard)(sock)
 
-    def connect(self) -> http.client.HTTPConnection:
-        """A new connection to the upstream (closed by :meth:`release`; :meth:`stop` cuts it)."""
-        conn = (_HTTPS if self._scheme == "https" else _HTTP)(self._netloc, timeout=self.timeout)
+    answers_diagnostics = True  # a router (kvlab.cluster.router) passes its upstreams' own through
+
+    def choose(self, route: str, ex) -> "Upstream | None":
+        """Where a request goes (a proxy has one upstream; a router picks one per request)."""
+        return self.target
+
+    def refused(self, target: "Upstream", ex, cause: str, sent: bool) -> "Upstream | None":
+        """Where a request goes after ``target`` could not be reached (``sent``: after it received
+        the request): nowhere (a 502)."""
+        return None
+
+    def unreachable(self, tried: list) -> str:
+        """The 502's message, ``tried`` the (url, cause) of each upstream the request could not reach."""
+        url, cause = tried[-1] if tried else (self.upstream, "not tried")
+        return f"the upstream {url} cannot be reached: {cause}; check that it is running and that --upstream names it"
+
+    def answer_get(self, route: str, query: dict) -> "tuple[int, object] | None":
+        """(status, JSON) for a GET route of its own beyond /kvlab/requests and /metrics (None: 404)."""
+        return None
+
+    def connect(self, target: "Upstream | None" = None) -> http.client.HTTPConnection:
+        """A new connection to ``target`` (default: the upstream; closed by :meth:`release`;
+        :meth:`stop` cuts it)."""
+        target = target or self.target
+        conn = (_HTTPS if target.scheme == "https" else _HTTP)(target.netloc, timeout=self.timeout)
         with self._lock:
             self._upstreams.add(conn)
         return conn
@@ -124,12 +154,13 @@ class Proxy(Listening):
         row = self.tracker.close(ex, **kw)
         self.metrics.finished(ex.id, row["status"])
         if row["status"] in RAN:
-            diagnosing.remember(self.fingerprints, self.tracker, ex, row["response_id"])
+            diagnosing.remember(self.fingerprints, self.tracker, ex, row["response_id"], owner=ex.user)
             self.view.add(self, row, self.tracker.ids(ex) if self.tokenizer is not None else None)
         if self.recorder is not None and row["status"] in RAN:
             ids = self.tracker.ids(ex) if self.tokenizer is not None else None
-            rec = {**row, "upstream": self.upstream, "prompt_ids": None if ids is None else list(ids),
-                   "messages": list(ex.prompt.messages) if ex.prompt.messages is not None else None}
+            rec = {**row, "upstream": ex.upstream or self.upstream, "prompt_ids": None if ids is None else list(ids),
+                   "messages": list(ex.prompt.messages) if ex.prompt.messages is not None else None,
+                   "key": self.users.key(ids, ex.caller)}
             rec["diagnosis"] = jsonable(row["diagnosis"])
             try:
                 self.recorder.write(rec)
@@ -142,6 +173,11 @@ class Proxy(Listening):
     def requests(self) -> list[dict]:
         """One row per finished request, in the order they finished (``GET /kvlab/requests``)."""
         return self.tracker.listing()
+
+    def requests_of(self, caller, since: int = 0) -> list[dict]:
+        """The rows ``caller`` (kvlab.tenants.Caller) may read: its user's, numbered for it, or
+        every row for the admin."""
+        return self.tracker.listing(since, user=None if caller.admin else caller.tenant)
 
     def requests_frame(self):
         """The rows as a polars DataFrame (columns: kvlab.proxying.conversation.COLUMNS).
@@ -193,7 +229,9 @@ class Proxy(Listening):
 def proxy(upstream: str, port: int = 0, record=None, tokenizer=None, **kwargs) -> Proxy:
     """A started :class:`Proxy` in front of ``upstream`` on loopback; use it as a context manager
     so it stops. Keywords: ``host``, ``record_text``, ``diagnose``, ``timeout`` (seconds to wait
-    on the upstream), ``block_size`` (recorded kvlab hash ids), ``min_common``, ``history``.
+    on the upstream), ``block_size`` (recorded kvlab hash ids), ``min_common``, ``history``,
+    ``users`` (a file or ``{key: user or (user, upstream credential)}``), ``admin_key``,
+    ``cache_salt`` (inject each user's), ``tenant_secret``.
 
     Example:
         >>> with kv.proxy("http://127.0.0.1:8080", tokenizer="smollm2") as p:
@@ -203,14 +241,40 @@ def proxy(upstream: str, port: int = 0, record=None, tokenizer=None, **kwargs) -
     return Proxy(upstream, port=port, record=record, tokenizer=tokenizer, **kwargs).start()
 
 
-def _parse_upstream(url: str):
+@dataclass(frozen=True)
+class Upstream:
+    """A server requests go to: its base ``url`` (no trailing /v1), ``scheme``, ``netloc`` (host:port),
+    ``base_path`` and the ``headers`` a response from it gets (a router's ``x-kvlab-upstream``)."""
+
+    url: str
+    scheme: str
+    netloc: str
+    base_path: str
+    headers: tuple = ()
+
+    def __repr__(self) -> str:
+        return f"Upstream({self.url})"
+
+    def _repr_html_(self) -> str:
+        return summary_html(repr(self), code=True)
+
+
+def upstream_of(url: str, header: str | None = None) -> Upstream:
+    """The Upstream at ``url`` (a server's base URL; a trailing ``/v1`` is dropped); ``header``
+    names it in each response it answers.
+
+    Example:
+        >>> upstream_of("http://127.0.0.1:8080/v1").url
+        'http://127.0.0.1:8080'
+    """
     parts = urlsplit(str(url))
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise KvlabError(f"--upstream must be a server's base URL such as http://127.0.0.1:8080, "
                          f"got {url!r}")
     path = parts.path.rstrip("/")
     path = path[:-3] if path.endswith("/v1") else path
-    return f"{parts.scheme}://{parts.netloc}{path}", parts.scheme, parts.netloc, path
+    base = f"{parts.scheme}://{parts.netloc}{path}"
+    return Upstream(base, parts.scheme, parts.netloc, path, ((header, base),) if header else ())
 
 
 def _tokenizer(tok):

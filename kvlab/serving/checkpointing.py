@@ -8,8 +8,8 @@ recuts the prompt at the positions the policy names, plus the block ends of a st
 recurrent state there (``Capabilities.checkpoint_every``), the same positions ``kv.Engine`` uses
 for the same request (``Engine._prefill``). ``segment_ends`` with no block ends is mlx-lm's own cut
 and is left exactly as mlx-lm made it. mlx-lm's sequential path (a cache without ``merge``: chunked
-attention, quantized KV; requests with images) prefills in one piece and inserts only prompt +
-output, whatever the policy: there the served path takes no checkpoints.
+attention; a seed; requests with images) prefills in one piece and inserts only prompt + output:
+kvlab serves those requests itself (``kvlab.serving.sequential``), stopping at ``positions``.
 
 Example:
     >>> plan = ServedCheckpoints("message_ends", model, store)

@@ -29,6 +29,12 @@ and what the store did for this request: match kind, reused tokens, the missed t
 ids are known before the first streamed event: mlx-lm tokenises and looks up a request before it
 hands the handler its generation context, and the ledger keeps what the lookup found.
 
+Tenants (kvlab.tenants): each remembered response belongs to its request's tenant. A caller who
+names another tenant's response id gets the providers' not-found answer, exactly as for an id
+never answered (never its text, its length or the fact that it exists); its own store detail says
+``evicted_by`` only for its own requests and no ``why`` the store gave about other tenants' entries.
+An admin caller compares with any response.
+
 Example:
     >>> served = ServedDiagnostics(model, "radix")
     >>> pending = served.request(body, "anthropic", headers)   # DiagnosticsError -> 400
@@ -51,7 +57,8 @@ from .image_diagnostics import with_images
 
 log = logging.getLogger("kvlab.serving")
 ROW_FIELDS = ("seq", "request_id", "response_id", "api", "stream", "prompt_tokens", "reused_tokens",
-              "missed_tokens", "main_reason", "miss_reasons", "diverged_at", "evicted_by", "why", "ttft_s")
+              "missed_tokens", "main_reason", "miss_reasons", "diverged_at", "evicted_by", "why", "ttft_s",
+              "tenant")
 
 
 @dataclass
@@ -72,9 +79,11 @@ def nonzero(reasons) -> dict:
     return dict(sorted(items, key=lambda kv: -kv[1]))
 
 
-def request_row(seq: int, result, api: str, response_id: str | None, stream: bool) -> dict:
+def request_row(seq: int, result, api: str, response_id: str | None, stream: bool,
+                tenant: str | None = None) -> dict:
     """One ``/kvlab/requests`` row: what this request alone reused and missed, and why (``why``:
-    the lookup's own sentence, e.g. which image of a VLM request differs from the cached one).
+    the lookup's own sentence, e.g. which image of a VLM request differs from the cached one),
+    and the tenant it belongs to (kvlab.tenants).
 
     Example:
         >>> row = request_row(0, server.results[0], "chat", "chatcmpl-1", False)
@@ -87,7 +96,7 @@ def request_row(seq: int, result, api: str, response_id: str | None, stream: boo
             "reused_tokens": result.reused_tokens, "missed_tokens": result.prompt_tokens - result.reused_tokens,
             "main_reason": next(iter(reasons), None), "miss_reasons": reasons,
             "diverged_at": result.diverged_at, "evicted_by": result.evicted_by, "why": result.why,
-            "ttft_s": result.ttft_s}
+            "ttft_s": result.ttft_s, "tenant": tenant}
 
 
 class ServedDiagnostics:
@@ -98,10 +107,10 @@ class ServedDiagnostics:
     def __init__(self, model, store_name: str = "", *, store=None, max_entries: int = 1024,
                  ttl_s: float = 3600.0):
         self.model, self.store_name = model, store_name
-        policy = getattr(store, "policy", None)  # radix and paged stores evict by a named policy
-        self.policy = getattr(policy, "name", None)
+        self.policy = store.capabilities.eviction_policy if store is not None else None
         self.log = FingerprintLog(max_entries=max_entries, ttl_s=ttl_s)
         self.images: OrderedDict[str, tuple] = OrderedDict()  # response id -> a VLM request's image keys
+        self.tenant_of = lambda rid: None  # request id -> tenant (the server sets its ledger's)
         self.max_entries = max_entries
         self.asked = self.not_found = 0
         self._count = threading.Lock()  # handler threads answer concurrently
@@ -121,32 +130,35 @@ class ServedDiagnostics:
             return None  # mlx-lm or to_chat judge the request; only diagnostics need its shape
         return Pending(api, shape, wants, previous)
 
-    def answer(self, pending: Pending | None, live: dict | None) -> dict:
+    def answer(self, pending: Pending | None, live: dict | None, caller=None) -> dict:
         """The fields to add to the response (``{}`` when nothing was asked), computed from the
         request's ``live`` ledger record (its prompt ids and lookup); remembers the request
-        under its response id first. Never raises: a failure answers the provider's
+        under its response id first. ``caller`` (a kvlab.tenants.Caller; None: sees all) may
+        compare only with its tenant's responses. Never raises: a failure answers the provider's
         ``unavailable``."""
         if pending is None or live is None or live.get("prompt") is None:
             return {}
         prompt, rid = live["prompt"], live.get("response_id")
         if rid:
             # a Tokens without text shares the ledger's tuple: no second copy of the ids
-            self.log.remember(rid, pending.shape, Tokens(prompt, ""))
+            self.log.remember(rid, pending.shape, Tokens(prompt, ""), owner=live.get("tenant"))
+        seen = self.log if caller is None else self.log.seen_by(caller.sees)
         images = tuple(live.get("images") or ())
         with self._count:
             if rid and images:
                 self.images[rid] = images
                 while len(self.images) > self.max_entries:
                     self.images.popitem(last=False)
-            previous = self.images.get(pending.previous_id, ()) if pending.previous_id else ()
+            visible = pending.previous_id is not None and pending.previous_id in seen
+            previous = self.images.get(pending.previous_id, ()) if visible else ()
         if not pending.wants:
             return {}
         with self._count:
             self.asked += 1
-        store = self.store_detail(prompt, live.get("lookup") or {})
+        store = self.store_detail(prompt, live.get("lookup") or {}, caller)
         try:
             # identical ids with other pixels: cut the id comparison back to the image
-            return with_images(self._answer(pending, prompt, store), previous, images)
+            return with_images(self._answer(pending, prompt, store, seen), previous, images)
         except Exception as e:  # noqa: BLE001  diagnostics must never fail the request they ride on
             log.warning("kvlab serve: diagnostics failed for %s: %s: %s", rid, type(e).__name__, e, exc_info=True)
             ext = {"store": store, "error": f"{type(e).__name__}: {e}"}
@@ -154,10 +166,10 @@ class ServedDiagnostics:
                 return {"diagnostics": anthropic_unavailable(ext)}
             return {"prompt_cache_diagnostics": openai_unavailable(ext)}
 
-    def _answer(self, pending: Pending, prompt, store: dict) -> dict:
+    def _answer(self, pending: Pending, prompt, store: dict, log) -> dict:
         tok = self.model.tokenizer
         current = from_ids(prompt, tok, chatml_spans=True)
-        obj, beside = answer(self.log, pending.previous_id, pending.shape, current,
+        obj, beside = answer(log, pending.previous_id, pending.shape, current,
                              cached_tokens=int(store["reused_tokens"]),
                              provider="anthropic" if pending.api == "anthropic" else "openai",
                              extra={"store": store}, render=lambda t: from_ids(t.ids, tok, chatml_spans=True))
@@ -168,15 +180,20 @@ class ServedDiagnostics:
             return {"diagnostics": obj} if beside is None else {"diagnostics": None, "kvlab_diagnostics": beside}
         return {"prompt_cache_diagnostics": obj}
 
-    def store_detail(self, prompt, lookup: dict) -> dict:
-        """What the store did for a request, from the adapter's lookup info."""
+    def store_detail(self, prompt, lookup: dict, caller=None) -> dict:
+        """What the store did for a request, from the adapter's lookup info, as ``caller`` (a
+        kvlab.tenants.Caller; None: sees all) may read it."""
         reused = int(lookup.get("reused", 0) or 0)
         reasons = nonzero(lookup.get("miss_reasons"))
+        why, evicted_by = lookup.get("why", ""), lookup.get("evicted_by")
+        if caller is not None and not caller.admin:
+            why = lookup.get("scoped_why", why)
+            evicted_by = evicted_by if evicted_by is None or caller.sees(self.tenant_of(evicted_by)) else None
         return {"store": self.store_name, "match": lookup.get("kind", "miss") if reused else "miss",
                 "reused_tokens": reused, "missed_tokens": len(prompt) - reused,
                 "main_reason": next(iter(reasons), None), "miss_reasons": reasons,
-                "diverged_at": lookup.get("diverged_at"), "evicted_by": lookup.get("evicted_by"),
-                "eviction_policy": self.policy, "why": lookup.get("why", "")}
+                "diverged_at": lookup.get("diverged_at"), "evicted_by": evicted_by,
+                "eviction_policy": self.policy, "why": why}
 
     def __repr__(self) -> str:
         return (f"ServedDiagnostics({len(self.log)} remembered, {self.asked} asked, "

@@ -4,8 +4,11 @@ segment type, evictions, first tokens, finishes), each row with request id, batc
 The generation thread (mlx-lm's batching loop, through the prompt-cache adapter) and the HTTP
 handler threads both append; readers (``/kvlab/events``, ``server.events``) copy under the lock.
 Rows have the Engine's event columns (``request, event, tokens, bytes, entry, t, detail``) plus
-``seq`` (0, 1, 2, ... for ``?since=``), ``step`` (mlx-lm batch steps run so far) and
-``segment`` (mlx-lm's cache type of the insert that caused the row: system, user, assistant).
+``seq`` (0, 1, 2, ... for ``?since=``), ``step`` (mlx-lm batch steps run so far),
+``segment`` (mlx-lm's cache type of the insert that caused the row: system, user, assistant) and
+``tenant`` (whose row it is, kvlab.tenants; None: the server's own, which only an admin reads).
+A tenant reads its rows with ``request`` blanked where another tenant's request caused them (an
+insert of another tenant's that evicted its entry).
 
 Example:
     >>> log = ServerEvents()
@@ -25,7 +28,7 @@ from ..primitives.display import summary_html
 
 EVENT_SCHEMA = {"seq": pl.Int64, "request": pl.Int64, "step": pl.Int64, "event": pl.Utf8,
                 "tokens": pl.Int64, "bytes": pl.Int64, "entry": pl.Utf8, "t": pl.Float64,
-                "detail": pl.Utf8, "segment": pl.Utf8}
+                "detail": pl.Utf8, "segment": pl.Utf8, "tenant": pl.Utf8}
 MAX_EVENTS = 1_000_000  # a long-running server keeps the newest rows; seq numbers never repeat
 
 
@@ -50,8 +53,9 @@ class ServerEvents:
 
     def add(self, event: str, *, request: int | None = None, tokens: int = 0, nbytes: int = 0,
             entry=None, detail: str | None = None, segment: str | None = None,
-            step: int | None = None) -> int:
-        """Append one row; returns its ``seq``."""
+            step: int | None = None, tenant: str | None = None, by: str | None = None) -> int:
+        """Append one row; returns its ``seq`` (``by``: the tenant of the request that caused it,
+        when that is not ``tenant``)."""
         with self._lock:
             seq = self._seq
             self._seq += 1
@@ -60,16 +64,26 @@ class ServerEvents:
                                "tokens": int(tokens), "bytes": int(nbytes),
                                "entry": None if entry is None else str(entry),
                                "t": timing.now() - self.t0, "detail": detail,
-                               "segment": segment})
+                               "segment": segment, "tenant": tenant, "by": by})
             return seq
 
-    def since(self, seq: int = 0) -> list[dict]:
-        """Rows with ``seq >= seq`` that are still held (copies)."""
+    def since(self, seq: int = 0, caller=None) -> list[dict]:
+        """Rows with ``seq >= seq`` that are still held (copies); with ``caller`` (a
+        kvlab.tenants.Caller) only the rows it may see."""
         with self._lock:
             if not self._rows or seq <= self._rows[0]["seq"]:
-                return [dict(r) for r in self._rows]
-            start = seq - self._rows[0]["seq"]
-            return [dict(self._rows[i]) for i in range(start, len(self._rows))]
+                rows = list(self._rows)
+            else:
+                start = seq - self._rows[0]["seq"]
+                rows = [self._rows[i] for i in range(start, len(self._rows))]
+        out = []
+        for r in rows:
+            if caller is None or caller.sees(r["tenant"]):
+                row = dict(r)
+                if row.pop("by") is not None and caller is not None and not caller.admin:
+                    row["request"] = None  # another tenant's request: not even its number
+                out.append(row)
+        return out
 
     @property
     def next_seq(self) -> int:

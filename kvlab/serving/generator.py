@@ -8,7 +8,10 @@ queue is wrapped so its context, tokens and end are seen on the generation threa
 that paces ``BatchGenerator.next()`` (each step advances the event log's batch step).
 ``KvlabModelProvider`` hands mlx-lm the kvlab model already loaded (same weights, same dtype,
 no second copy) instead of loading the folder again. A VLM is never batchable: mlx-lm's loop
-sends each of its requests to ``_serve_single``, which kvlab.serving.vlm_generator serves.
+sends each of its requests to ``_serve_single``, which kvlab.serving.vlm_generator serves; a text
+request that cannot join the batch (Llama 4's chunked cache has no ``merge``; a seed) goes there
+too, and is served with the ``--checkpoints`` snapshots (kvlab.serving.sequential) unless no
+snapshot is taken.
 
 If the generation thread dies (an exception out of mlx-lm's loop), every request it had taken
 gets a ``GenerationError`` naming the cause (the handler answers 500) and a new thread takes
@@ -36,6 +39,7 @@ from mlx_lm.server import (GenerationContext, ModelProvider, Response, ResponseG
 
 from ..errors import GenerationError, KvlabError, RequestError
 from .checkpointing import request_tokens
+from .sequential import TextRequests
 from .vlm_generator import VLMRequests
 
 log = logging.getLogger("kvlab.serving")
@@ -98,11 +102,14 @@ class ObservedQueue:
     """A request's response queue as the generation thread sees it: every item is reported to
     the ledger, then passed on. The GenerationContext is held back until the next item: mlx-lm
     sends it before prefill (the sequential path even before its cache lookup), and the HTTP
-    thread answers 200 on receiving it, so a failure in prefill could no longer become a 5xx."""
+    thread answers 200 on receiving it, so a failure in prefill could no longer become a 5xx.
+    The end (None) is held back until the request's prompt + output offer is done (mlx-lm makes
+    it right after the end): the client's response ends only once all its request's rows are in
+    (``Server.events``)."""
 
     def __init__(self, inner, rid, ledger, adapter, events, owner):
         self.inner, self.rid, self.ledger, self.adapter, self.events = inner, rid, ledger, adapter, events
-        self.owner, self.held = owner, None
+        self.owner, self.held, self.ending = owner, None, False
         owner.kv_open[id(self)] = self
 
     def put(self, item, *args, **kwargs):
@@ -111,6 +118,8 @@ class ObservedQueue:
             return None
         if isinstance(item, Exception):
             self.held = None
+            if self.ending:  # the response was whole; what failed came after it (the final insert)
+                return self._end()
             self.owner.kv_open.pop(id(self), None)
             self.ledger.done(self.rid, "error", f"{type(item).__name__}: {item}")
             return self.inner.put(item, *args, **kwargs)
@@ -124,11 +133,15 @@ class ObservedQueue:
         if isinstance(item, Response):
             self.ledger.token(self.rid, item)
         elif item is None:
-            self.owner.kv_open.pop(id(self), None)
             self.owner.kv_deaths = 0
-            self.adapter.finishing(self.rid)  # mlx-lm's insert of prompt + output comes next
-            self.ledger.done(self.rid, "ok")  # recorded before the client can see the end
+            self.ending = True
+            self.ledger.done(self.rid, "ok")  # the finish row, before the client can see the end
+            return self.adapter.finishing(self.rid, release=self._end)
         return self.inner.put(item, *args, **kwargs)
+
+    def _end(self) -> None:
+        if self.owner.kv_open.pop(id(self), None) is not None:
+            self.inner.put(None)
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
@@ -148,7 +161,11 @@ class KvlabResponseGenerator(ResponseGenerator):
         self.kv_on_fatal = on_fatal
         self.kv_lock = threading.Lock()
         model = provider.kv_model
-        self.kv_vlm = VLMRequests(model, adapter, ledger, checkpoints) if model.kind == "vlm" else None
+        # mlx-lm's sequential path: a VLM's requests, and (when prompts are snapshotted while
+        # prefilled) a text model's that cannot join the batch, served with kvlab's checkpoints
+        self.kv_sequential = (VLMRequests(model, adapter, ledger, checkpoints) if model.kind == "vlm" else
+                              TextRequests(model, adapter, ledger, checkpoints, tokenize=self._tokenize)
+                              if checkpoints is not None and checkpoints.active else None)
         super().__init__(provider, adapter)
         # No request can reach the loop before the server starts listening, so the budget is
         # swapped before mlx-lm's thread first iterates it.
@@ -234,9 +251,9 @@ class KvlabResponseGenerator(ResponseGenerator):
         return GenerationError(f"generation failed: {type(e).__name__}: {e}", 500)
 
     def _serve_single(self, request, stream):
-        if self.kv_vlm is None:
+        if self.kv_sequential is None:
             return super()._serve_single(request, stream)
-        return self.kv_vlm.serve(*request, stream)
+        return self.kv_sequential.serve(*request, stream)
 
     def _next_request(self, timeout=None):
         item = super()._next_request(timeout)

@@ -17,13 +17,18 @@ A request that generation fails for (mlx-lm's thread died: kvlab.serving.generat
 with the cause as a JSON error, never a dropped connection: before its headers are out as its
 status, after them (a stream) as a final ``data: {"error": ...}`` event.
 
+Tenants (kvlab.tenants, the server's ``tenancy``): the key identifies the caller and its tenant;
+its requests are keyed in the tenant's namespace (a ``cache_salt`` in the body, vLLM's field,
+subdivides it; one that is not a non-empty string is a 400), and every route that reports on the
+cache answers from what its tenant may see: ``/kvlab/requests``, ``/kvlab/events``,
+``/kvlab/stats``, the diagnostics, and ``/metrics`` (aggregates; per-tenant series for the admin).
+
 Example:
     >>> handler_class = bind_handler(server)     # a subclass whose ``kv`` is the running server
 """
 
 from __future__ import annotations
 
-import hmac
 import io
 import json
 import logging
@@ -33,6 +38,7 @@ from urllib.parse import parse_qs, urlsplit
 from mlx_lm.server import APIHandler
 
 from ..errors import DiagnosticsError, GenerationError, RequestError
+from ..tenants import client_salt, presented_key
 from . import anthropic, chat_checks, prometheus, responses
 from .response_writer import ResponsesWriter
 
@@ -65,10 +71,11 @@ class KvlabHandler(APIHandler):
         route = urlsplit(self.path).path
         if not self._authorised(route):
             return
+        caller = self.kv_caller
         if route == "/metrics":  # behind the API key like every route: scrapers send it as a bearer token
-            return prometheus.write(self, self.kv.metrics)
+            return prometheus.write(self, self.kv.metrics, admin=caller.admin)
         if route == "/kvlab/stats":
-            return self._json(200, self.kv.stats())
+            return self._json(200, self.kv.stats(caller))
         if route in ("/kvlab/events", "/kvlab/requests"):
             query = parse_qs(urlsplit(self.path).query)
             try:
@@ -77,9 +84,9 @@ class KvlabHandler(APIHandler):
                 what = "event" if route == "/kvlab/events" else "request row"
                 return self._json(400, _error(f"since must be an integer {what} number"))
             if route == "/kvlab/requests":
-                rows = self.kv.ledger.rows_since(since)
+                rows = self.kv.ledger.rows_since(since, caller)
                 return self._json(200, {"requests": rows, "next": max(since, 0) + len(rows)})
-            events = self.kv.events_log.since(since)
+            events = self.kv.events_log.since(since, caller)
             return self._json(200, {"events": events, "next": self.kv.events_log.next_seq})
         if route == "/v1/models":  # mlx-lm's lists the Hugging Face cache (none here) after its headers
             return self._json(200, {"object": "list", "data": [{"id": self.kv.model.name, "object": "model",
@@ -99,6 +106,12 @@ class KvlabHandler(APIHandler):
         self.kv_rid = self.kv_request = None
         self.kv_anthropic = self.kv_diag = self.kv_live = None
         body = self._read_body()
+        try:
+            self.kv_space = self.kv.tenancy.namespace(self.kv_caller, client_salt(body))
+        except RequestError as e:
+            return self._refuse(route, str(e))
+        if isinstance(body, dict):
+            body.pop("cache_salt", None)  # read here; mlx-lm and the translators never see it
         try:
             if route == "/v1/messages":
                 return self._messages(body)
@@ -133,7 +146,9 @@ class KvlabHandler(APIHandler):
         stream = self.kv_anthropic.stream if self.kv_anthropic is not None else self.stream
         response_id = self.kv_anthropic.id if self.kv_anthropic is not None else self.request_id
         rid = self.kv.ledger.open(api=api, stream=bool(stream), normalised=self.kv.normalise,
-                                  messages=messages if self.kv.record_text else None, response_id=response_id)
+                                  messages=messages if self.kv.record_text else None, response_id=response_id,
+                                  tenant=self.kv_caller.tenant)
+        self.kv.adapter.assign(rid, self.kv_space)  # before mlx-lm's thread can look it up
         request.kvlab_rid, self.kv_rid, self.kv_request = rid, rid, request
         self.kv_live = self.kv.ledger.live(rid)
         return request
@@ -148,7 +163,7 @@ class KvlabHandler(APIHandler):
     def kv_diagnostics(self) -> dict:
         """The diagnostics fields for this response, once (kvlab.serving.diagnosing)."""
         pending, self.kv_diag = self.kv_diag, None
-        return self.kv.diagnostics.answer(pending, self.kv_live)
+        return self.kv.diagnostics.answer(pending, self.kv_live, self.kv_caller)
 
     # -- headers: kvlab's status for kvlab's refusals, deferred headers for /v1/messages -----------
     def handle_completion(self, request, stop_words):
@@ -215,20 +230,23 @@ class KvlabHandler(APIHandler):
 
     # -- internals --------------------------------------------------------------------------------
     def _authorised(self, route: str) -> bool:
-        key = self.kv.api_key
-        if not key:
-            return True
-        given = self.headers.get("x-api-key") or ""
-        auth = self.headers.get("Authorization") or ""
-        if auth.lower().startswith("bearer "):
-            given = given or auth[7:].strip()
-        if given and hmac.compare_digest(given.encode(), key.encode()):
+        """Identify the caller (``kv_caller``, kvlab.tenants.Caller) by its key; False after a 401."""
+        self.kv_caller = self.kv.tenancy.caller(presented_key(self.headers))  # constant time over every key
+        if self.kv_caller is not None:
             return True
         msg = "missing or wrong API key: send 'Authorization: Bearer KEY' or 'x-api-key: KEY'"
         body = anthropic.error_body(msg, "authentication_error") if route == "/v1/messages" else \
             _error(msg, "authentication_error")
         self._json(401, body)
         return False
+
+    def _refuse(self, route: str, message: str) -> None:
+        """A 400 in the route's own error shape."""
+        if route == "/v1/messages":
+            return self._json(400, anthropic.error_body(message))
+        if route == "/v1/responses":
+            return self._json(400, responses.error_body(message, param="cache_salt"))
+        return self._json(400, _error(message))
 
     def _read_body(self):
         """The JSON body, read once (None if absent or not JSON: mlx-lm reports those itself)."""

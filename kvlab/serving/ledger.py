@@ -7,6 +7,12 @@ request becomes a ``kv.Result`` (the Engine's type, so ``kv.Inspector`` reads it
 (``--record``) and a call to every ``on_result`` listener, on a listener thread of its own so a
 slow notebook widget never holds up serving.
 
+Each request belongs to a tenant (kvlab.tenants; one tenant on a server without tenants). Besides
+the server's own lists, every tenant has its own: its results and ``/kvlab/requests`` rows,
+numbered from 0 for it, in which a miss is explained only by what it may know: ``evicted_by``
+only when the evicting request is its own, and ``why`` without what the store said about
+other tenants' entries (``kvlab.reuse.Reuse.scoped_why``).
+
 Example:
     >>> ledger = Ledger(adapter, events, model)
     >>> ledger.results[-1].reused_tokens
@@ -18,6 +24,7 @@ import itertools
 import logging
 import queue
 import threading
+from dataclasses import replace
 
 from ..primitives import timing
 from ..primitives.display import summary_html
@@ -40,6 +47,8 @@ class Ledger:
         self.results: list[Result] = []
         self.rows: list[dict] = []  # one /kvlab/requests row per finished request, in finish order
         self.failed = 0
+        self.tenant_of: dict[int, str | None] = {}  # rid -> its tenant, for every request opened
+        self._tenants: dict[str | None, dict] = {}  # tenant -> its own results, rows, failures
         self._open: dict[int, dict] = {}
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
@@ -50,14 +59,16 @@ class Ledger:
 
     # -- the HTTP thread --------------------------------------------------------------------------
     def open(self, *, api: str, stream: bool, messages=None, normalised: bool = False,
-             response_id: str | None = None) -> int:
+             response_id: str | None = None, tenant: str | None = None) -> int:
         rid = next(self._ids)
         with self._lock:
+            self.tenant_of[rid] = tenant
             self._open[rid] = {"arrival": timing.wall(), "t0": timing.now(), "api": api,
                                "stream": bool(stream), "messages": messages, "normalised": normalised,
                                "prompt": None, "reused": 0, "first": None, "tokens": [],
-                               "finish_reason": None, "response_id": response_id, "lookup": None}
-        self.events.add("arrive", request=rid, detail=api)
+                               "finish_reason": None, "response_id": response_id, "lookup": None,
+                               "tenant": tenant}
+        self.events.add("arrive", request=rid, detail=api, tenant=tenant)
         return rid
 
     # -- the generation thread --------------------------------------------------------------------
@@ -97,7 +108,7 @@ class Ledger:
             if response.finish_reason is not None:
                 r["finish_reason"] = response.finish_reason
         if first:
-            self.events.add("first_token", request=rid)
+            self.events.add("first_token", request=rid, tenant=r["tenant"])
         if self.on_token is not None:
             self.on_token(rid, response)
 
@@ -111,11 +122,13 @@ class Ledger:
         end = timing.now()
         self.adapter.end(rid)
         info = self.adapter.request_info(rid)
+        tenant = r["tenant"]
         self.events.add("finish", request=rid, tokens=len(r["tokens"]), detail=status if error is None
-                        else f"{status}: {error}")
+                        else f"{status}: {error}", tenant=tenant)
         if r["prompt"] is None or status not in RECORDED:
             with self._lock:
                 self.failed += 1
+                self._own(tenant)["failed"] += 1
             return None
         if "reused" in info:  # the lookup's own count: mlx-lm's sequential path sets its ctx's later
             r["reused"] = info["reused"]
@@ -123,15 +136,22 @@ class Ledger:
         rec = self._record(rid, r, info, result, status, end)
         with self._lock:
             self.results.append(result)
-            self.rows.append(request_row(len(self.rows), result, r["api"], r["response_id"], r["stream"]))
+            self.rows.append(request_row(len(self.rows), result, r["api"], r["response_id"], r["stream"], tenant))
+            own = self._own(tenant)
+            # what the tenant may read: its own evicting requests, the store's word on its own keys
+            theirs = replace(result, why=info.get("scoped_why", result.why), evicted_by=(
+                result.evicted_by if self.tenant_of.get(result.evicted_by, tenant) == tenant else None))
+            own["results"].append(theirs)
+            own["rows"].append(request_row(len(own["rows"]), theirs, r["api"], r["response_id"], r["stream"], tenant))
+            item = (result, theirs, tenant)
         if self.recorder is not None:
             try:
                 self.recorder.write(rec)
             except Exception as e:  # noqa: BLE001  a full disk must not stop serving; say so loudly
                 log.error("kvlab serve: could not record request %s: %s", rid, e)
-                self.events.add("error", request=rid, detail=f"record: {e}")
+                self.events.add("error", request=rid, detail=f"record: {e}")  # the operator's row
         if self._listeners:
-            self._notify.put(result)
+            self._notify.put(item)
         return result
 
     def _result(self, rid, r, info, end) -> Result:
@@ -149,8 +169,15 @@ class Ledger:
             miss_reasons=info.get("miss_reasons") or {}, diverged_at=info.get("diverged_at"),
             evicted_by=info.get("evicted_by"))
 
+    def _own(self, tenant) -> dict:
+        """``tenant``'s own lists (under the lock)."""
+        if tenant not in self._tenants:
+            self._tenants[tenant] = {"results": [], "rows": [], "failed": 0}
+        return self._tenants[tenant]
+
     def _record(self, rid, r, info, result: Result, status, end) -> dict:
-        return {"request": rid, "arrival": r["arrival"], "finish": r["arrival"] + (end - r["t0"]),
+        return {"request": rid, "tenant": r["tenant"], "key": info.get("key"), "arrival": r["arrival"],
+                "finish": r["arrival"] + (end - r["t0"]),
                 "ttft_s": result.ttft_s, "e2e_s": end - r["t0"], "reused_tokens": r["reused"],
                 "match": result.match, "status": status, "finish_reason": r["finish_reason"],
                 "api": r["api"], "stream": r["stream"], "normalise": r["normalised"], **self.meta,
@@ -158,17 +185,22 @@ class Ledger:
                 "text": result.text}
 
     # -- listeners --------------------------------------------------------------------------------
-    def on_result(self, callback) -> None:
-        self._listeners.append(callback)
+    def on_result(self, callback, caller=None) -> None:
+        """Call ``callback(owner, result)`` for every finished request (a non-admin ``caller``:
+        its tenant's, as that tenant may read them)."""
+        self._listeners.append((callback, caller))
 
     def _run_listeners(self) -> None:
         while True:
             item = self._notify.get()
             if item is None:
                 return
-            for fn in list(self._listeners):
+            result, theirs, tenant = item
+            for fn, caller in list(self._listeners):
+                if not _everything(caller) and caller.tenant != tenant:
+                    continue
                 try:
-                    fn(self.owner, item)
+                    fn(self.owner, result if _everything(caller) else theirs)
                 except Exception as e:  # noqa: BLE001  a listener's bug must not stop the others
                     log.warning("kvlab serve: on_result listener failed: %s", e)
 
@@ -180,24 +212,32 @@ class Ledger:
         self._notify.put(None)
         self._notifier.join(timeout=30)
 
-    def rows_since(self, since: int = 0) -> list[dict]:
-        """The ``/kvlab/requests`` rows from number ``since`` on (per request, not cumulative)."""
+    def rows_since(self, since: int = 0, caller=None) -> list[dict]:
+        """The ``/kvlab/requests`` rows from number ``since`` on (per request, not cumulative):
+        every request's, or with a non-admin ``caller`` (kvlab.tenants.Caller) its tenant's own."""
         with self._lock:
-            return self.rows[max(0, since):]
+            rows = self.rows if _everything(caller) else self._own(caller.tenant)["rows"]
+            return rows[max(0, since):]
 
-    def finished(self) -> list[Result]:
+    def finished(self, caller=None) -> list[Result]:
+        """Every finished request's Result, or a non-admin ``caller``'s tenant's own."""
         with self._lock:
-            return list(self.results)
+            return list(self.results if _everything(caller) else self._own(caller.tenant)["results"])
 
     @property
     def inflight(self) -> list[int]:
         with self._lock:
             return sorted(self._open)
 
-    def stats(self) -> dict:
-        """Both hit-rate definitions, named, over finished requests (as ``Engine.stats``)."""
+    def stats(self, caller=None) -> dict:
+        """Both hit-rate definitions, named, over finished requests (as ``Engine.stats``): every
+        request's, or a non-admin ``caller``'s tenant's."""
         with self._lock:
-            results, failed = list(self.results), self.failed
+            if _everything(caller):
+                results, failed = list(self.results), self.failed
+            else:
+                own = self._own(caller.tenant)
+                results, failed = list(own["results"]), own["failed"]
         return {"requests": len(results), "failed": failed,
                 "prompt_tokens": sum(r.prompt_tokens for r in results),
                 "reused_tokens": sum(r.reused_tokens for r in results),
@@ -210,3 +250,7 @@ class Ledger:
 
     def _repr_html_(self) -> str:
         return summary_html(repr(self), code=True)
+
+
+def _everything(caller) -> bool:
+    return caller is None or caller.admin

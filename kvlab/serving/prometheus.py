@@ -6,7 +6,10 @@ A scrape folds in what happened since the last one, then renders: for ``kvlab se
 ledger's finished results (tokens, miss reasons, TTFT), the event log's ``arrive``/``finish`` rows
 (requests by API and status) and store removals (evictions by policy); for the proxy its rows.
 Both record a request before its client sees the response end, so a scrape after it counts it.
-Store bytes are read at scrape time. Latencies follow kvlab.serving.metrics: TTFT is the first
+Store bytes are read at scrape time. Every caller reads these aggregates; an admin (kvlab.tenants)
+also gets them per tenant (proxy: per user): ``kvlab_tenant_requests_total``,
+``kvlab_tenant_prompt_tokens_total`` and ``kvlab_tenant_cached_tokens_total`` with a ``tenant``
+label. Latencies follow kvlab.serving.metrics: TTFT is the first
 token minus arrival; ITL pools the gaps between consecutive tokens (serve: as the generation
 thread hands them out, the ledger's ``on_token`` hook; proxy: chunks carrying output), observed
 when a request ends well. Failed requests count in neither. Names: :data:`SERVE_HELP`,
@@ -58,6 +61,9 @@ SERVE_HELP = {
     "itl": "Inter-token latency: the gaps between consecutive generated tokens of every request "
            "that generated to its end, pooled (one observation per gap), in seconds",
 }
+TENANT_HELP = {"requests": "Finished requests of each tenant (admin only)",
+               "prompt_tokens": "Prompt tokens of each tenant's finished requests (admin only)",
+               "cached_tokens": "Cached prompt tokens of each tenant's finished requests (admin only)"}
 PROXY_HELP = {
     "requests": "Requests the proxy forwarded to an end, by route and how they ended (ok, error, "
                 "disconnected, upstream_unreachable, upstream_error, stopped)",
@@ -98,6 +104,9 @@ class _Metrics:
         self._lock = threading.Lock()  # two scrapes at once fold each new row in once
         self._own: list = []
         self.registry.register(self)
+        self.tenants: dict[str, list[int]] = {}  # tenant -> [requests, prompt tokens, cached tokens]
+        self.tenant_registry = self.pc.CollectorRegistry(auto_describe=False)
+        self.tenant_registry.register(_TenantSeries(self))
 
     def _add(self, cls, name: str, help_text: str, labels=(), **kw):
         metric = cls(name, help_text, list(labels), registry=None, **kw)
@@ -114,13 +123,23 @@ class _Metrics:
                     yield family
             yield from self._now()
 
-    def exposition(self) -> tuple[bytes, str]:
-        """The text a scrape gets and its content type (Prometheus' text format).
+    def exposition(self, admin: bool = True) -> tuple[bytes, str]:
+        """The text a scrape gets and its content type (Prometheus' text format); ``admin``
+        adds the per-tenant series.
 
         Example:
             >>> body, content_type = server.metrics.exposition()
         """
-        return self.pc.generate_latest(self.registry), self.pc.CONTENT_TYPE_LATEST
+        body = self.pc.generate_latest(self.registry)
+        if admin:
+            body += self.pc.generate_latest(self.tenant_registry)
+        return body, self.pc.CONTENT_TYPE_LATEST
+
+    def _tenant(self, tenant, prompt: int, cached: int) -> None:
+        row = self.tenants.setdefault(str(tenant), [0, 0, 0])
+        row[0] += 1
+        row[1] += prompt
+        row[2] += cached
 
     def text(self) -> str:
         """The exposition as text, for reading in a notebook.
@@ -139,7 +158,7 @@ class _Metrics:
             3.0
         """
         out = {}
-        for family in self.registry.collect():
+        for family in [*self.registry.collect(), *self.tenant_registry.collect()]:
             for s in family.samples:
                 out[(s.name, tuple(sorted(s.labels.items()))) if s.labels else s.name] = s.value
         return out
@@ -219,6 +238,7 @@ class ServerMetrics(_Metrics):
     def _sync(self) -> None:
         results = self.server.ledger.finished()
         for r in results[self._results:]:
+            self._tenant(self.server.ledger.tenant_of.get(r.request_id), r.prompt_tokens, r.reused_tokens)
             self.prompt.inc(r.prompt_tokens)
             self.cached.inc(r.reused_tokens)
             self._prompt_tokens += r.prompt_tokens
@@ -316,6 +336,7 @@ class ProxyMetrics(_Metrics):
             if row["status"] not in RAN:
                 continue
             prompt, cached = row["upstream_prompt_tokens"], row["reused_tokens"]
+            self._tenant(row.get("user"), prompt or 0, cached or 0)
             self.prompt.inc(prompt or 0)
             if cached is None:
                 self.unreported.inc()
@@ -334,13 +355,33 @@ class ProxyMetrics(_Metrics):
                           cached / prompt if prompt else 0.0)
 
 
-def write(handler, metrics) -> None:
-    """Answer ``handler``'s ``GET /metrics`` with ``metrics``' exposition (200, its content type).
+class _TenantSeries:
+    """The per-tenant series of a ``_Metrics`` (module docstring), in a registry of their own."""
+
+    def __init__(self, metrics):
+        self.metrics = metrics
+
+    def collect(self):
+        m = self.metrics
+        with m._lock:
+            m._sync()
+            rows = {t: list(v) for t, v in m.tenants.items()}
+        for i, name in enumerate(("requests", "prompt_tokens", "cached_tokens")):
+            family = m.pc.metrics_core.CounterMetricFamily(f"kvlab_tenant_{name}", TENANT_HELP[name],
+                                                            labels=["tenant"])
+            for tenant, v in sorted(rows.items()):
+                family.add_metric([tenant], v[i])
+            yield family
+
+
+def write(handler, metrics, admin: bool = True) -> None:
+    """Answer ``handler``'s ``GET /metrics`` with ``metrics``' exposition (200, its content type);
+    ``admin``: with the per-tenant series.
 
     Example:
         >>> prometheus.write(self, self.kv.metrics)   # in a handler's do_GET
     """
-    body, content_type = metrics.exposition()
+    body, content_type = metrics.exposition(admin)
     # the base class's calls, as the handlers' JSON replies make them (mlx-lm's add CORS headers)
     BaseHTTPRequestHandler.send_response(handler, 200)
     handler.send_header("Content-Type", content_type)

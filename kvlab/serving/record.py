@@ -6,7 +6,11 @@ blocks, the last one covering a trailing partial block) plus kvlab's own: ``kvla
 ``kvlab_block_size`` (16 unless the server was given another), arrival and finish times (epoch
 seconds), ``ttft_s`` and ``e2e_s`` measured by the server, ``reused_tokens`` (what the prompt cache
 served), ``match``, ``status`` (``ok`` or ``disconnected``), ``finish_reason``, the API used,
-``store``, ``budget_bytes``, ``normalise``, the model and its fingerprint. Token ids
+``store``, ``budget_bytes``, ``normalise``, the model and its fingerprint, and ``tenant``. On a
+server of tenants the hash ids are those of the request's key, its tenant's salt included: equal
+prompts of two tenants get different hash ids, as they got different KV, so a simulator replaying
+the file shares exactly what the server shared, and the file reveals no tenant's prompt as equal
+to another's (salts are keyed with the server's secret). Token ids
 (``prompt_ids``, ``output_ids``), the request's messages and the output text only with
 ``record_text=True``: traffic can be private.
 
@@ -41,14 +45,17 @@ from ..primitives.display import summary_html
 ID_BITS = (1 << 63) - 1
 
 
-def hash_ids(ids, block_size: int) -> list[int]:
-    """Chained block hashes of ``ids`` as non-negative 63-bit ints (see module docstring).
+def hash_ids(ids, block_size: int, key=None) -> list[int]:
+    """Chained block hashes of ``ids`` as non-negative 63-bit ints (see module docstring), in the
+    namespace of ``key`` (a ``kv.CacheKey`` of these ids: its salt and extra keys) when given.
 
     Example:
         >>> len(hash_ids(range(1000), 512))
         2
     """
-    return [int.from_bytes(h[:8], "little") & ID_BITS for h in chained_hashes(list(ids), block_size)]
+    salt, spans = (key.salt, key.extra_keys) if key is not None else (None, ())
+    hashes = chained_hashes(list(ids), block_size, key=salt, extra_keys=spans)
+    return [int.from_bytes(h[:8], "little") & ID_BITS for h in hashes]
 
 
 class Recorder:
@@ -71,9 +78,12 @@ class Recorder:
         """The JSON object written for one finished request (``rec``: the ledger's fields)."""
         prompt, output = rec.pop("prompt_ids"), rec.pop("output_ids")
         messages, text = rec.pop("messages", None), rec.pop("text", "")
+        key = rec.pop("key", None)
+        if key is not None and tuple(key.ids) != tuple(prompt):
+            key = None  # a key of other ids (never expected) must not salt these
         out = {"timestamp": int(rec["arrival"] * 1000), "input_length": len(prompt),
-               "output_length": len(output), "hash_ids": hash_ids(prompt, MOONCAKE_BLOCK_SIZE),
-               "kvlab_block_size": self.block_size, "kvlab_hash_ids": hash_ids(prompt, self.block_size),
+               "output_length": len(output), "hash_ids": hash_ids(prompt, MOONCAKE_BLOCK_SIZE, key),
+               "kvlab_block_size": self.block_size, "kvlab_hash_ids": hash_ids(prompt, self.block_size, key),
                **rec}
         if self.record_text:
             out.update(prompt_ids=list(prompt), output_ids=list(output), messages=messages, text=text)

@@ -15,6 +15,9 @@ generation thread (kvlab.serving.vlm_generator: the model is bound to each reque
 
 Binds 127.0.0.1 unless told otherwise; ``port=0`` picks a free port. ``api_key`` (default
 ``$KVLAB_API_KEY``) is checked on every route. ``budget`` is the store's ``budget_bytes``.
+``api_keys`` (a keys file or ``{key: tenant}``) serves several tenants that cannot see each other
+(kvlab.tenants: salted keys, scoped metadata; ``admin_key`` sees everything; ``tenant_secret`` the
+secret salts are keyed with; ``public_prefix`` system prompts shared by every tenant).
 
 Example:
     >>> with kv.serve("tiny", "radix") as server:
@@ -45,6 +48,7 @@ from .ledger import Ledger
 from .listener import Listener, Listening
 from .prometheus import ServerMetrics
 from .record import Recorder
+from .tenanted import TenantView, scoped_stats, tenancy_for
 
 log = logging.getLogger("kvlab.serving")
 ENV_KEY = "KVLAB_API_KEY"
@@ -62,7 +66,8 @@ class Server(Listening):
                  host: str = "127.0.0.1", port: int = 0, record=None, record_text: bool = False, normalise: bool = False,
                  api_key: str | None = None, block_size: int = 16, max_size: int = 10,
                  max_tokens: int = 512, decode_concurrency: int = 32, prompt_concurrency: int = 8,
-                 disk=None, disk_budget=None, checkpoints="segment_ends", press=None):
+                 disk=None, disk_budget=None, checkpoints="segment_ends", kv_events: str | None = None,
+                 api_keys=None, admin_key: str | None = None, tenant_secret=None, public_prefix=(), press=None):
         from ..checkpoints import parse_policy
         from ..loader import load
         from ..models.loading import Model
@@ -77,11 +82,18 @@ class Server(Listening):
         self.normalise, self.record_text = bool(normalise), bool(record_text)
         # normalise=True: kv.DEFAULT_RULES; a sequence of kv Rules: those rules instead
         self.normalise_rules = None if isinstance(normalise, bool) else tuple(normalise)
-        self.api_key = api_key if api_key is not None else os.environ.get(ENV_KEY) or None
+        self.api_key = api_key if api_key is not None else (os.environ.get(ENV_KEY) or None
+                                                            if api_keys is None else None)
+        self.tenancy = tenancy_for(self.model, api_key=self.api_key, api_keys=api_keys, admin_key=admin_key,
+                                   secret=tenant_secret, public_prefix=public_prefix)
         budget_bytes = None if budget is None else parse_bytes(budget)
         self.events_log = ServerEvents()
-        if disk is not None:
-            store = self._tiered(store, disk, budget_bytes, disk_budget, block_size)
+        if disk is not None:  # the named RAM store in front of a DiskStore at disk (survives restarts)
+            from ..stores import make_store
+
+            store = make_store("tiered", ram=store, budget_bytes=budget_bytes, block_size=block_size,
+                               disk_path=disk, model=self.model,
+                               disk_budget_bytes=None if disk_budget is None else parse_bytes(disk_budget))
             budget_bytes = None
         self.press = None if press is None else presses.parse(press)
         self.store_name, self.adapter = self._adapter(store, budget_bytes, block_size, max_size)
@@ -94,6 +106,7 @@ class Server(Listening):
         self.ledger.owner = self
         # what cache diagnostics compare with: each answered request under its response id
         self.diagnostics = ServedDiagnostics(self.model, self.store_name, store=self.adapter.store)
+        self.diagnostics.tenant_of = self.ledger.tenant_of.get
         self._limits = dict(max_tokens=max_tokens, decode_concurrency=decode_concurrency,
                             prompt_concurrency=prompt_concurrency, prompt_cache_size=max_size)
         self.connections: set = set()
@@ -102,6 +115,12 @@ class Server(Listening):
         self._done = threading.Event()  # stopped, or generation failed for good
         self.failure = None  # the GenerationError that ended generation for good
         self.metrics = ServerMetrics(self)  # GET /metrics (kvlab.serving.prometheus)
+        self.kv_events = None  # vLLM-format KV events of the store (kvlab.serving.kv_publisher)
+        if kv_events is not None:
+            from .kv_publisher import KVEventPublisher
+
+            self.kv_events = KVEventPublisher(kv_events, self.adapter.store, block_size)
+            self.adapter.listeners.append(self.kv_events.on_drain)
 
     def _adapter(self, store, budget_bytes, block_size, max_size):
         """The store behind the reuse core: by name exactly what ``kv.make_store(name)`` builds."""
@@ -110,21 +129,11 @@ class Server(Listening):
         if store is None or isinstance(store, str):
             name = store or "none"
             obj = make_store(name, budget_bytes=budget_bytes, block_size=block_size, max_size=max_size)
-            return name, StoreAdapter(obj, self.model, self.events_log, press=self.press)
+            return name, StoreAdapter(obj, self.model, self.events_log, self.tenancy, press=self.press)
         if budget_bytes is not None:
             raise KvlabError("budget= applies to a store made by name; a store object keeps its own "
                              "budget_bytes")
-        return store.name, StoreAdapter(store, self.model, self.events_log, press=self.press)
-
-    def _tiered(self, store, disk, budget_bytes, disk_budget, block_size):
-        """A TieredStore: the named RAM store in front of a DiskStore at ``disk`` (survives restarts)."""
-        from ..stores import make_store
-
-        if store not in ("radix", "paged"):
-            raise KvlabError(f"--disk puts a disk tier behind a radix or paged RAM store, not {store!r}")
-        return make_store("tiered", ram=store, budget_bytes=budget_bytes, block_size=block_size,
-                          disk_path=disk, model=self.model,
-                          disk_budget_bytes=None if disk_budget is None else parse_bytes(disk_budget))
+        return store.name, StoreAdapter(store, self.model, self.events_log, self.tenancy, press=self.press)
 
     # -- running ----------------------------------------------------------------------------------
     def start(self) -> "Server":
@@ -139,7 +148,7 @@ class Server(Listening):
         handler, rg, fp = bind_handler(self), self.generator, get_system_fingerprint()
         try:
             self.listener.listen(lambda *a, **k: handler(rg, *a, system_fingerprint=fp, **k),
-                                 exposed="" if self.api_key else "; set --api-key or $KVLAB_API_KEY")
+                                 exposed="" if self.tenancy.required else "; set --api-key or $KVLAB_API_KEY")
         except KvlabError:
             self.generator.stop_and_join()
             raise
@@ -160,6 +169,8 @@ class Server(Listening):
         self.ledger.close()
         if self.recorder is not None:
             self.recorder.close()
+        if self.kv_events is not None:
+            self.kv_events.close()
 
     def wait(self) -> None:
         """Block until :meth:`stop` is called or generation fails for good (``failure`` says why;
@@ -180,7 +191,19 @@ class Server(Listening):
     @property
     def events(self):
         """Every event so far (polars): lookup, hit/miss, offer (mlx-lm's insert with its segment
-        type), insert, evict, block_stored/removed, arrive, first_token, finish, error."""
+        type), insert, evict, block_stored/removed, arrive, first_token, finish, error.
+
+        Each read is a new snapshot: read it once and filter that (two reads may differ while
+        requests run). Promise: once a response has ended (a plain body received whole, a
+        stream's last event received), every row of its request is in it (arrive through the
+        insert of its prompt + output, after which mlx-lm ends the response), and its Result is
+        in ``results``. A request still running, or another client's, may add rows at any time.
+
+        Example:
+            >>> client.chat.completions.create(...)          # the response has ended
+            >>> ev = server.events                           # one read
+            >>> ev.filter(ev["event"] == "insert")
+        """
         return self.events_log.frame()
 
     @property
@@ -196,8 +219,20 @@ class Server(Listening):
         """Call ``callback(server, result)`` after every finished request, on a listener thread."""
         self.ledger.on_result(callback)
 
-    def stats(self) -> dict:
-        """Both hit rates (named), the store's bytes and entries, the adapter's counters."""
+    def tenant(self, name: str) -> TenantView:
+        """What tenant ``name`` may see of this server (its results, event rows, stats and
+        ``on_result``): ``kv.Inspector(server.tenant("alice"))`` is that tenant's feed.
+
+        Example:
+            >>> server.tenant("alice").stats()["requests"]
+        """
+        return TenantView(self, name)
+
+    def stats(self, caller=None) -> dict:
+        """Both hit rates (named), the store's bytes and entries, the adapter's counters; for a
+        non-admin ``caller`` (kvlab.tenants.Caller) its tenant's requests and the server's settings."""
+        if caller is not None and not caller.admin:
+            return scoped_stats(self, caller)
         a = self.adapter
         return {**self.ledger.stats(), "running": len(self.ledger.inflight), "store": self.store_name,
                 "budget_bytes": self.budget_bytes, "checkpoints": self.checkpoints.spec, "bytes": a.nbytes, "entries": len(a),
@@ -208,7 +243,8 @@ class Server(Listening):
                 "model": self.model.name, "url": self.url,
                 "batching": self._batching(), "press": None if self.press is None else self.press.key,
                 "generation_restarts": self.generator.kv_restarts if self.generator else 0,
-                "failure": None if self.failure is None else str(self.failure)}
+                "failure": None if self.failure is None else str(self.failure),
+                "kv_events": None if self.kv_events is None else self.kv_events.info()}
 
     def _batching(self) -> str:
         if self.model.kind == "vlm":
@@ -251,9 +287,10 @@ def serve(model="tiny", store="radix", **kwargs) -> Server:
     sequence of normalisation Rules), ``api_key``, ``block_size`` (paged store and recorded kvlab
     hash ids), ``max_size`` (mlx-lru entries), ``max_tokens`` (default per request),
     ``decode_concurrency``, ``prompt_concurrency``, ``checkpoints`` (where prefill stops to
-    snapshot: a ``kvlab.checkpoints`` spec; default ``segment_ends``, mlx-lm's), ``press``
-    (``"knorm:0.5"`` or a ``kv.press(...)``: each prompt's context compressed, stored whole,
-    requests served one at a time: ``kvlab.compressing``).
+    snapshot: a ``kvlab.checkpoints`` spec; default ``segment_ends``, mlx-lm's), ``kv_events`` (a ZMQ
+    address such as ``tcp://127.0.0.1:0``: the store published as vLLM KV events,
+    kvlab.serving.kv_publisher), ``press`` (``"knorm:0.5"`` or a ``kv.press(...)``: each prompt's
+    context compressed, stored whole, requests served one at a time: ``kvlab.compressing``).
 
     Example:
         >>> with kv.serve("tiny", "paged", budget="64MiB") as server:

@@ -10,7 +10,7 @@ from pathlib import Path
 import numba
 import numpy as np
 
-from ..errors import BlockSizeError, RequestError, TraceError
+from ..errors import BlockSizeError, BudgetError, RequestError, TraceError
 
 WORKLOAD_BLOCK_SIZE = 16
 
@@ -190,3 +190,33 @@ class Replayed:
 
     def _repr_html_(self) -> str:
         return f"<code>{html.escape(repr(self))}</code>"
+
+
+def parse_capacity(capacity_tokens, policy: str) -> int | None:
+    """Capacity in tokens as an int, or None for unbounded (None, inf, "inf"); BudgetError otherwise.
+
+    Example:
+        >>> parse_capacity("inf", "lru"), parse_capacity(4096.0, "lru")
+        (None, 4096)
+    """
+    c = capacity_tokens
+    if isinstance(c, str):
+        text = c.strip().lower()
+        if text in ("inf", "none", "unbounded"):
+            c = None
+        else:
+            try:
+                c = float(text)
+            except ValueError:
+                raise BudgetError(f"capacity {capacity_tokens!r} is not a number of tokens; pass an "
+                                  "int or 'inf'") from None
+    if c is None or (isinstance(c, (float, np.floating)) and c == float("inf")):
+        return None
+    if policy == "infinite":
+        raise BudgetError(f"policy='infinite' never evicts; drop capacity_tokens={capacity_tokens!r} "
+                          "or use a policy such as 'lru'")
+    if (isinstance(c, bool) or not isinstance(c, (int, float, np.integer, np.floating))
+            or not float(c).is_integer() or c < 0):
+        raise BudgetError(f"capacity_tokens must be an int >= 0 or None (unbounded), "
+                          f"got {capacity_tokens!r}")
+    return int(c)

@@ -40,7 +40,7 @@ from ..policies import POLICIES as _TABLE
 from .dispatch import replay_kernel, run_kernel, sweep_kernel
 from .kernels_ceiling import UNBOUNDED, belady_ceiling_kernel
 from .kernels_stack import lru_stack_kernel
-from .prepare import WORKLOAD_BLOCK_SIZE, PreparedTrace, Replayed, prepare_replay
+from .prepare import WORKLOAD_BLOCK_SIZE, PreparedTrace, Replayed, parse_capacity, prepare_replay
 from .reference import replay_python, run_python
 
 __all__ = ["simulate", "sweep", "SimResult", "POLICIES", "ENGINES", "MISS_REASONS", "PreparedTrace",
@@ -102,7 +102,7 @@ class SimResult:
 def simulate(source, policy: str = "lru", capacity_tokens: int | None = None,
              block_size: int | None = None, *, passes: int = 1, tokenizer=None,
              engine: str = "auto", priorities=None, policy_params: dict | None = None,
-             cost=None) -> SimResult:
+             cost=None, instances: int | None = None, **cluster) -> SimResult:
     """Replay a trace or workload through a cache policy; no model involved.
 
     ``source`` is a ``Trace``, a trace path, a ``Workload`` or a list of token-id sequences.
@@ -119,7 +119,21 @@ def simulate(source, policy: str = "lru", capacity_tokens: int | None = None,
         >>> r = kv.simulate(wl, block_size=16, passes=2)
         >>> r.by_pass()["hit_tokens"].to_list()
         [25088, 31200]
+
+    ``instances=N`` replays a cluster instead (kvlab.cluster.simulate: ``router``, ``view``,
+    ``load``, ``service``, ``requests``, ``router_params``, ``seed``) and returns its
+    ClusterResult; ``instances=1`` hits what the single cache above hits.
     """
+    if instances is not None:
+        from ..cluster.simulate import simulate_cluster
+
+        if passes != 1 or priorities is not None or policy_params or cost is not None:
+            raise KvlabError("instances= replays one pass of the source without priorities, policy_params "
+                             "or cost (the cluster's service times come from service=)")
+        return simulate_cluster(source, instances, capacity_tokens=capacity_tokens, policy=policy,
+                                block_size=block_size, tokenizer=tokenizer, engine=engine, **cluster)
+    if cluster:
+        raise KvlabError(f"{', '.join(sorted(cluster))} apply to a cluster replay: pass instances=N")
     _check_choice("policy", policy, POLICIES)
     _check_choice("engine", engine, ENGINES)
     tokens = _parse_capacity(capacity_tokens, policy)
@@ -217,6 +231,9 @@ def one_pass(rep: PreparedTrace, policy: str, caps) -> np.ndarray:
     return hit_blocks
 
 
+_parse_capacity = parse_capacity
+
+
 def _beside(fn, *args):
     """``fn(*args)`` started in a thread of its own (a new one each time: a pool's thread would
     not survive a fork); its future."""
@@ -228,31 +245,6 @@ def _beside(fn, *args):
 
 def _stack(columns, n_requests: int) -> np.ndarray:
     return np.stack(columns, axis=1) if n_requests else np.zeros((0, len(columns)), dtype=np.int64)
-
-
-def _parse_capacity(capacity_tokens, policy: str) -> int | None:
-    """Capacity in tokens as an int, or None for unbounded (None, inf, "inf")."""
-    c = capacity_tokens
-    if isinstance(c, str):
-        text = c.strip().lower()
-        if text in ("inf", "none", "unbounded"):
-            c = None
-        else:
-            try:
-                c = float(text)
-            except ValueError:
-                raise BudgetError(f"capacity {capacity_tokens!r} is not a number of tokens; pass an "
-                                  "int or 'inf'") from None
-    if c is None or (isinstance(c, (float, np.floating)) and c == float("inf")):
-        return None
-    if policy == "infinite":
-        raise BudgetError(f"policy='infinite' never evicts; drop capacity_tokens={capacity_tokens!r} "
-                          "or use a policy such as 'lru'")
-    if (isinstance(c, bool) or not isinstance(c, (int, float, np.integer, np.floating))
-            or not float(c).is_integer() or c < 0):
-        raise BudgetError(f"capacity_tokens must be an int >= 0 or None (unbounded), "
-                          f"got {capacity_tokens!r}")
-    return int(c)
 
 
 def _blocks_of(capacity_tokens: int | None, block_size: int) -> int | None:

@@ -13,6 +13,7 @@ __all__ = ["Match", "Store", "StoreEvent", "RadixStore", "SharedRadixStore", "Pa
            "MlxLmLRUStore", "DiskStore", "TieredStore", "hits_by_tier", "STORE_NAMES", "make_store"]
 
 STORE_NAMES = ("radix", "shared-radix", "paged", "system", "mlx-lru", "disk", "tiered", "none")
+TIER_RAMS = ("radix", "paged")  # the stores that hand what they evict to a disk tier
 
 
 def make_store(name: str, *, budget_bytes: int | None = None, block_size: int = 16,
@@ -42,8 +43,9 @@ def make_store(name: str, *, budget_bytes: int | None = None, block_size: int = 
             raise KvlabError(f"store {name!r} needs disk_path=<a folder for its files>")
         if name == "disk":
             return DiskStore(disk_path, disk_budget_bytes or budget_bytes, model=model)
-        if ram not in ("radix", "paged"):
-            raise KvlabError(f"a tiered store's ram must be 'radix' or 'paged', got {ram!r}")
+        if ram not in TIER_RAMS:
+            raise KvlabError(f"a tiered store (kvlab serve --disk) puts a disk tier behind a 'radix' or "
+                             f"'paged' RAM store, not {ram!r}")
         from .tiered import TieredStore
 
         disk = DiskStore(disk_path, disk_budget_bytes, model=model,

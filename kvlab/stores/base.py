@@ -90,6 +90,8 @@ class Capabilities:
     recurrent state only at multiples of it (its block ends) asks whoever prefills a prompt with
     recurrent layers for a snapshot at each one the prompt passes. ``components``: it reports
     its bytes per component (full KV, window KV, recurrent state) through ``components()``.
+    ``eviction_policy``: the name of the ``kvlab.policies`` policy choosing what it evicts for
+    room (None: it evicts by a rule of its own, or never).
     """
 
     block_size: int | None = None
@@ -100,6 +102,7 @@ class Capabilities:
     tiers: tuple[str, ...] = ("ram",)
     checkpoint_every: int | None = None
     components: bool = False
+    eviction_policy: str | None = None
 
     def refuses(self, layout) -> str | None:
         """Why this store can hold none of a cache of ``layout`` (a ``CacheLayout``), or None."""
@@ -188,6 +191,24 @@ class StoreBase:
         if view not in views:
             raise KvlabError(f"{self.name} store draws {', '.join(views) or 'no frames'}, not {view!r}")
         return getattr(self, f"{view}_frame")()
+
+
+def fell_back(entry_tokens: int, shared: int, reuse: int, refusal: str, to: tuple[int, int] | None,
+              label: str = "entry") -> str:
+    """The why of a lookup whose deepest match cannot be cut back exactly to what it shares with
+    the prompt (``refusal``: ``cut_refusal``'s answer), naming what it fell back from and to
+    (``to``: tokens reused and the tokens of the ``label`` that served them; None: nothing).
+
+    Example:
+        >>> fell_back(665, 615, 615, "layer 0 (ChunkedKVCache) cannot be trimmed to 615 tokens: ...", (585, 585))
+        'an entry of 665 tokens shares 615 with this prompt but its cache cannot be trimmed to 615 (layer 0 (ChunkedKVCache) cannot be trimmed to 615 tokens: ...); fell back to the entry of 585 tokens'
+    """
+    why = (f"an entry of {entry_tokens} tokens shares {shared} with this prompt but its cache cannot "
+           f"be trimmed to {reuse} ({refusal})")
+    if not to or not to[0]:
+        return f"{why}; no entry before it can be restored exactly"
+    n, of = to
+    return f"{why}; fell back to " + (f"the {label} of {of} tokens" if n == of else f"{n} tokens of the {label} of {of}")
 
 
 def default_budget(fraction: float = 0.25, device: devices.Device | None = None) -> int:

@@ -40,10 +40,11 @@ from ..errors import BlockSizeError, KvlabError, SnapshotError
 from ..keys import CacheKey
 from ..primitives.snapshot_files import load_snapshot, save
 from ..primitives import timing
-from ..primitives.snapshots import Snapshot
+from ..primitives.snapshots import Snapshot, cut_refusal
 from ..primitives.tokens import Tokens
 from ..primitives.units import fmt_bytes
-from .base import ALL_LAYER_KINDS, Capabilities, MISS, EventLog, Match, StoreBase, check_budget, too_big
+from .base import (ALL_LAYER_KINDS, Capabilities, MISS, EventLog, Match, StoreBase, check_budget, fell_back,
+                   too_big)
 from .disk_files import (PAGEABLE, SUFFIX, TEMP_PREFIX, CorruptFileWarning, FingerprintOnly, as_ids,
                          check_file, concat_blocks, cut_block)
 from .disk_index import DiskEntry, DiskIndex
@@ -245,18 +246,24 @@ class DiskStore(StoreBase):
 
     def best(self, key: CacheKey, limit: int, *, longer_than: int = 0) -> Match:
         """The usable entry file serving the most tokens (more than ``longer_than``), loaded."""
+        skipped = None  # (entry, shared, reuse, why) of the deepest entry that cannot be cut back
         for reuse, shared, e in self._index.candidates(key, limit):
             if reuse <= longer_than:
                 break
             snap = self.load(e, key.ids[: e.tokens] if shared == e.tokens else None)
-            if snap is None or (reuse < snap.offset and not snap.trimmable):
+            if snap is None:
+                continue
+            if reuse < snap.offset and (why := cut_refusal(snap, reuse)):
+                skipped = skipped or (e, shared, reuse, why)
                 continue
             self._touch([e])
             self.hits += 1
             kind = ("prefix" if shared == e.tokens <= limit else "exact" if shared == e.tokens == len(key)
                     else "supersequence" if shared == len(key) else "lcp")
-            return Match(kind, reuse, snap, e.tokens)
-        return MISS
+            fell = skipped is not None and reuse < skipped[2]
+            return Match(kind, reuse, snap, e.tokens,
+                         why=fell_back(skipped[0].tokens, *skipped[1:], (reuse, e.tokens)) if fell else "")
+        return Match("miss", why=fell_back(skipped[0].tokens, *skipped[1:], None) if skipped else "")
 
     def load_blocks(self, key: CacheKey, limit: int, start: int = 0) -> list[Snapshot]:
         """Block snapshots of the leading run of ``key``'s block hashes (within ``limit`` tokens)

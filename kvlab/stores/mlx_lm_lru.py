@@ -7,6 +7,11 @@ As in mlx-lm, every hit is a ``copy.deepcopy`` of the entry's cache (pitfall 7 i
 memory of a hit is the entry twice), and entries are counted (``max_size``), not sized, unless
 ``max_bytes`` is given.
 
+mlx-lm's chunked caches (llama4) say they can be trimmed anywhere, but go back only to the chunk
+they hold (pitfall 11): the adapter hands mlx-lm caches that say the truth, so mlx-lm keeps the
+entries before one (instead of dropping them as subsumed) and, when a request parts inside it,
+falls back to its longest shorter entry; the miss reason names the entry it fell back from.
+
 mlx-lm keys its trie by token ids only; the adapter hands it ``CacheKey.symbols()`` instead (plain
 ids when there is no salt and no extra key, else ids tagged from where the salt or an image's hash
 applies), so a request never reuses KV made for another tenant or with other images, and text
@@ -23,12 +28,11 @@ from dataclasses import replace
 
 from mlx_lm.models.cache import LRUPromptCache
 
-from ..errors import SnapshotError
 from ..keys import CacheKey
 from ..primitives.display import summary_html, table_html
-from ..primitives.snapshots import Snapshot, compact, non_trimmable_layers, restore, snapshot
+from ..primitives.snapshots import Snapshot, compact, cut_refusal, non_trimmable_layers, restore, snapshot
 from ..primitives.tokens import Tokens
-from .base import Capabilities, EventLog, Match, StoreBase
+from .base import Capabilities, EventLog, Match, StoreBase, fell_back
 
 MODEL_KEY = "kvlab"  # mlx-lm's per-model namespace; one adapter serves one model
 
@@ -78,50 +82,49 @@ class MlxLmLRUStore(StoreBase):
         # mlx-lm's answer does not say which branch it took; its trie's search does (read-only)
         found = self.cache._trie.search(ns, ids)
         cache, rest = self.cache.fetch_nearest_cache(ns, ids)
-        if cache is None:
-            return Match("miss", why="" if found.common_prefix == 0 else
-                         f"an entry shares {found.common_prefix} tokens but mlx-lm does not trim it "
-                         "(its cache is not trimmable)")
-        covered = len(ids) - len(rest)
+        covered = len(ids) - len(rest) if cache is not None else 0
+        snap = snapshot(cache, tokens=key.ids[:covered]) if cache is not None else None
         if found.exact is not None:
             kind, entry = "exact", tuple(ids)
         elif found.longer is not None and covered > (len(found.shorter) if found.shorter else 0):
             kind, entry = ("supersequence" if found.common_prefix >= len(ids) else "lcp"), tuple(found.longer)
         else:
-            kind, entry = "prefix", tuple(found.shorter)
-        try:
-            snap = snapshot(cache, tokens=key.ids[:covered])
-        except SnapshotError:  # mlx-lm's trim of a chunked cache stops at its chunk start, silently
-            snap = None
-        if kind in ("supersequence", "lcp") or snap is None:
-            # mlx-lm cut its copy back wherever its layers say they can be cut, and a chunked
-            # cache wrongly says so (pitfall 11): hand over the entry as stored, for the reuse
-            # core to cut only where every layer can be cut exactly, else the shorter entry
-            stored = snapshot(self.cache._trie.get(ns, list(entry)).prompt_cache)
-            if not non_trimmable_layers(stored, min(covered, limit)):
-                snap = stored
-            elif found.shorter:
-                kind, entry, covered = "prefix", tuple(found.shorter), len(found.shorter)
-                snap = snapshot(self.cache._trie.get(ns, list(entry)).prompt_cache)
+            kind, entry = "prefix", tuple(found.shorter or ())
+        why = ""
+        if found.longer is not None and found.common_prefix > covered:
+            # mlx-lm did not trim the longer entry: its cache cannot go back anywhere (a chunked
+            # cache says so here: _cut_back_truthfully). The reuse core can cut it where every
+            # layer can be cut exactly; else mlx-lm's own answer stands, its longest shorter entry
+            reuse = min(found.common_prefix, limit)
+            # its own ids (a recurrent-only cache does not say how many it holds)
+            stored = snapshot(self.cache._trie.get(ns, list(found.longer)).prompt_cache,
+                              tokens=[s if isinstance(s, int) else s[0] for s in found.longer])
+            refused = cut_refusal(stored, reuse)
+            if refused is None:
+                kind = "supersequence" if found.common_prefix >= len(ids) else "lcp"
+                entry, covered, snap = tuple(found.longer), found.common_prefix, stored
             else:
-                snap = stored
+                why = fell_back(len(found.longer), found.common_prefix, reuse, refused, (covered, covered))
+        if snap is None:
+            return Match("miss", why=why)
         # a longer entry's own ids are not the request's past the shared prefix: leave them out
         snap = replace(snap, token_ids=key.ids[:covered] if snap.offset == covered else None,
                        fingerprint=self._fingerprint)
         entry_id, entry_tokens, _ = self._resident.get((ns, entry), (None, len(entry), 0))
-        return Match(kind, min(covered, limit), snap, entry_tokens, entry_id)
+        return Match(kind, min(covered, limit), snap, entry_tokens, entry_id, why)
 
     def insert(self, key: CacheKey, tokens: Tokens, snap: Snapshot, *, kind: str = "prompt") -> None:
         ns, ids = MODEL_KEY, tuple(key.symbols()[: snap.offset])
         self._fingerprint = snap.fingerprint or self._fingerprint
-        caches = restore(compact(snap))  # exact-size arrays: views would keep the whole buffer alive
+        # exact-size arrays (views would keep the whole buffer alive), chunked caches truthful
+        caches = _cut_back_truthfully(restore(compact(snap)))
         nbytes = sum(c.nbytes for c in caches)  # what LRUPromptCache counts for the entry
         self.cache.insert_cache(ns, list(ids), caches, cache_type=_cache_type(kind))
         if (ns, ids) not in self._resident:
             self._resident[(ns, ids)] = (next(self._ids), len(ids), nbytes)
             self.log.add("insert", tokens=len(ids), nbytes=nbytes, entry=self._resident[(ns, ids)][0],
                          kind=kind)
-        self._sync(ns, ids, snap.trimmable)
+        self._sync(ns, ids, snap.cuts_anywhere)
 
     # -- internals --------------------------------------------------------------------------------
     def _sync(self, ns, ids, trimmable: bool) -> None:
@@ -150,6 +153,22 @@ class MlxLmLRUStore(StoreBase):
     def _repr_html_(self) -> str:
         return summary_html("MlxLmLRUStore", "mlx-lm's LRUPromptCache", repr(self),
                             body=table_html(["entry", "tokens", "bytes"], sorted(self._resident.values())))
+
+
+def _never() -> bool:
+    return False
+
+
+def _cut_back_truthfully(caches: list) -> list:
+    """``caches`` with every chunked cache that no longer holds its first chunk saying it cannot
+    be trimmed (pitfall 11: mlx-lm's says it can, then trims only back to its chunk start). mlx-lm
+    then keeps the entries before it instead of dropping them as subsumed, and answers a request
+    that parts inside it with its longest shorter entry (``fetch_nearest_cache``'s own fallback)."""
+    for c in caches:
+        for part in getattr(c, "caches", (c,)):
+            if type(part).__name__ == "ChunkedKVCache" and part.start_position > 0:
+                part.is_trimmable = _never
+    return caches
 
 
 def _cache_type(kind: str) -> str:

@@ -154,7 +154,7 @@ class PagedStore(CheckpointBook, BudgetedStore):
         holds = {"full"} if self.on_evict is not None else {"full", "window", "chunked", "recurrent", "list"}
         return Capabilities(block_size=self.block_size, holds=frozenset(holds), budget_bytes=self.budget_bytes,
                             views=("tree", "blocks"), checkpoint_every=None if self.on_evict else self.checkpoint_every,
-                            components=True)
+                            components=True, eviction_policy=self.policy.name)
 
     def lookup(self, key: CacheKey, tokens: Tokens, *, limit: int) -> Match:
         if self._unpageable:

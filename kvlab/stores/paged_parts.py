@@ -99,10 +99,8 @@ def needs(parts: tuple[Part, ...]) -> str:
     for p in parts:
         if p.kind == "recurrent":
             return f"the recurrent state of {p.label}"
-        if p.kind == "window":
-            return f"the sliding window of {window_size(p)} of {p.label}"
-        if p.kind == "chunked":
-            return f"the chunked attention of {window_size(p)} of {p.label}"
+        if p.kind in WINDOW_WORDS:
+            return f"the {WINDOW_WORDS[p.kind]} of {window_size(p)} of {p.label}"
     return ""
 
 

@@ -21,17 +21,17 @@ Example:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import polars as pl
 
 from ..keys import CacheKey
 from ..policies import KIND_PRIORITY, Unit, store_policy
 from ..primitives.display import summary_html, table_html
-from ..primitives.snapshots import Snapshot, compact, non_trimmable_layers
+from ..primitives.snapshots import Snapshot, compact, cut_refusal
 from ..primitives.tokens import Tokens, common_prefix_len
 from . import node_hits
-from .base import MISS, NON_CAPACITY_REASONS, Capabilities, Match, too_big
+from .base import MISS, NON_CAPACITY_REASONS, Capabilities, Match, fell_back, too_big
 from .budgeted import BudgetedStore
 
 
@@ -87,7 +87,7 @@ class RadixStore(BudgetedStore):
 
     @property
     def capabilities(self) -> Capabilities:
-        return Capabilities(budget_bytes=self.budget_bytes, views=("tree", "entries"))
+        return Capabilities(budget_bytes=self.budget_bytes, views=("tree", "entries"), eviction_policy=self.policy.name)
 
 
     def lookup(self, key: CacheKey, tokens: Tokens, *, limit: int) -> Match:
@@ -115,25 +115,24 @@ class RadixStore(BudgetedStore):
         if partial is None and node.entry is not None and depth == len(sym) and depth > limit:
             below.insert(0, node.entry)  # exact entry: usable only trimmed by one token
         if below and shared > best.tokens:
-            trimmable = [e for e in below if e.snapshot.trimmable]
-            if trimmable:
-                e = max(trimmable, key=lambda e: e.last_used)
-                reuse = min(shared, limit)
+            reuse = min(shared, limit)
+            # a chunked cache can drop its last token but not always go back to the shared prefix
+            cuttable = [e for e in below if cut_refusal(e.snapshot, reuse) is None]
+            if cuttable:
+                e = max(cuttable, key=lambda e: e.last_used)
                 if reuse > best.tokens:
                     kind = ("exact" if e.tokens == len(sym) == shared else
                             "supersequence" if shared == len(sym) else "lcp")
                     best = Match(kind, reuse, e.snapshot, e.tokens, e.id)
             else:
-                why = (f"an entry shares {shared} tokens but its cache cannot be trimmed "
-                       f"({self._why_not_trimmable(below[0])})")
-                other = self._trimmable_above(path, limit, best.tokens)
-                if other is not None:
-                    best = Match(other.kind, other.tokens, other.snapshot, other.entry_tokens, other.entry_id,
-                                 why + f"; reused {other.tokens} tokens of a trimmable entry")
-                else:
-                    best = Match(best.kind, best.tokens, best.snapshot, best.entry_tokens, best.entry_id,
-                                 why + (f"; reused the checkpoint at {best.tokens}" if best.tokens
-                                        else "; no checkpoint before it"))
+                # fall back to the deepest entry that can be restored exactly, as mlx-lm's
+                # fetch_nearest_cache falls back to its longest shorter entry, and say from what
+                best = self._cuttable_above(path, limit, best.tokens) or best
+                served = self._entries[best.entry_id][0] if best.tokens else None
+                why = fell_back(below[0].tokens, shared, reuse, cut_refusal(below[0].snapshot, reuse),
+                                served and (best.tokens, served.tokens),
+                                "checkpoint" if served and served.kind == "checkpoint" else "entry")
+                best = replace(best, why=why)
         if best.entry_id is not None:
             self._touch(best.entry_id, sym, best.tokens)
         return best
@@ -167,8 +166,9 @@ class RadixStore(BudgetedStore):
         self._bytes += entry.nbytes
         self.policy.access(self._unit(entry))
         self.log.add("insert", tokens=entry.tokens, nbytes=entry.nbytes, entry=entry.id, kind=kind)
-        if self.subsume and snap.trimmable:
-            # A trimmable entry serves every prefix of itself, so ancestors only cost memory.
+        if self.subsume and snap.cuts_anywhere:
+            # An entry that can be cut back anywhere serves every prefix of itself, so ancestors
+            # only cost memory (a chunked cache past its first chunk cannot: they stay).
             anc = node.parent
             while anc is not None:
                 if anc.entry is not None and anc.entry.snapshot.trimmable:
@@ -177,22 +177,19 @@ class RadixStore(BudgetedStore):
         self._evict(protect=entry.id)
 
     # -- internals --------------------------------------------------------------------------------
-    def _why_not_trimmable(self, entry: Entry) -> str:
-        i, kind, why = non_trimmable_layers(entry.snapshot)[0]
-        return f"layer {i} is {kind}: {why}"
-
-    def _trimmable_above(self, path: list, limit: int, floor: int) -> Match | None:
-        """The best trimmed match branching off the path above its untrimmable end (a store can
-        hold trimmable and untrimmable entries, e.g. rotating windows before and after they wrap):
-        the deepest path node with a trimmable entry below it, its most recently used one."""
+    def _cuttable_above(self, path: list, limit: int, floor: int) -> Match | None:
+        """The best match branching off the path above its uncuttable end (a store can hold
+        cuttable and uncuttable entries: rotating windows before and after they wrap, chunked
+        caches before and after they drop their first chunk): the deepest path node with an entry
+        below it that can be cut back exactly to the node, its most recently used one."""
         for node in reversed(path):
             reuse = min(node.depth, limit)
             if reuse <= floor:
                 return None
-            trimmable = [e for e in self._entries_below(node, True) if e.snapshot.trimmable]
-            if trimmable:
-                e = max(trimmable, key=lambda e: e.last_used)
-                return Match("lcp", reuse, e.snapshot, e.tokens, e.id)
+            cuttable = [e for e in self._entries_below(node, True) if cut_refusal(e.snapshot, reuse) is None]
+            if cuttable:
+                e = max(cuttable, key=lambda e: e.last_used)
+                return Match("prefix" if e.tokens == reuse else "lcp", reuse, e.snapshot, e.tokens, e.id)
         return None
 
     def _entries_below(self, node: Node, include_self: bool) -> list[Entry]:

@@ -93,7 +93,7 @@ class SharedRadixStore(BudgetedStore):
         # a path handed to a tier below restores nothing of a window or a recurrent state
         holds = {"full"} if self.on_evict is not None else {"full", "window", "chunked", "recurrent", "list"}
         return Capabilities(holds=frozenset(holds), budget_bytes=self.budget_bytes, views=("tree",),
-                            components=True)
+                            components=True, eviction_policy=self.policy.name)
 
     def lookup(self, key: CacheKey, tokens: Tokens, *, limit: int) -> Match:
         if self._unsliceable:

@@ -18,7 +18,7 @@ from ..request import Request, Workload, canonical_json
 from ..primitives.tokens import hf_tokenizer
 from .fixed import fixed
 from .text import (check_positive, prose, question, seeded_image, system_prompt, tool_args,
-                   tool_result, tool_schemas)
+                   tool_result, tool_schemas, user_turn)
 
 BILLING_HEADER = "x-anthropic-billing-header: cc_version=2.1.100.7b4; cc_entrypoint=cli; cch={cch};"
 # the role each tool-schema system prompt opens with (its length sets the prompt's floor)
@@ -240,14 +240,10 @@ def multimodal_mix(num_requests: int = 4, seed: int = 0, *, image_every: int = 2
     requests = []
     for i in range(num_requests):
         if (i + 1) % image_every == 0:
-            image = seeded_image(seed, i, h, w)
             text = "Describe this image in one sentence." if same_text else question(rng, 16)
-            user = {"role": "user", "content": [{"type": "image", "image": image},
-                                                 {"type": "text", "text": text}]}
-            name = f"image-{i + 1}"
+            user, name = user_turn(i, text, seeded_image(seed, i, h, w))
         else:
-            user = {"role": "user", "content": question(rng, 24)}
-            name = f"text-{i + 1}"
+            user, name = user_turn(i, question(rng, 24))
         requests.append(Request(messages=(system, user), max_tokens=max_tokens, name=name))
     return Workload("multimodal_mix", tuple(requests),
                     dict(num_requests=num_requests, seed=seed, image_every=image_every,

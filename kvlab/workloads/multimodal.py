@@ -16,7 +16,7 @@ import numpy as np
 
 from ..errors import RequestError
 from ..request import Request, Workload
-from .text import check_positive, prose, question, seeded_image
+from .text import check_positive, prose, question, seeded_image, user_turn
 
 TRAFFIC = ("text", "mixed", "images")
 IMAGE_QUESTION = "Describe this image in one sentence."
@@ -50,12 +50,9 @@ def multimodal(num_requests: int = 6, seed: int = 0, *, traffic: str = "mixed", 
         if has_image:
             k = shown % distinct_images
             shown += 1
-            user = {"role": "user", "content": [{"type": "image", "image": images[k]},
-                                                 {"type": "text", "text": IMAGE_QUESTION}]}
-            name = f"image-{i + 1}-{chr(ord('a') + k) if k < 26 else k}"
+            user, name = user_turn(i, IMAGE_QUESTION, images[k], f"-{chr(ord('a') + k) if k < 26 else k}")
         else:
-            user = {"role": "user", "content": question(rng, 16)}
-            name = f"text-{i + 1}"
+            user, name = user_turn(i, question(rng, 16))
         requests.append(Request(messages=(system, user), max_tokens=max_tokens, name=name))
     return Workload("multimodal", tuple(requests),
                     dict(num_requests=num_requests, seed=seed, traffic=traffic, image_every=image_every,

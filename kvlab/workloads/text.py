@@ -100,6 +100,20 @@ def seeded_image(seed: int, index: int, h: int, w: int) -> np.ndarray:
     return ((grad + noise) % 256).astype(np.uint8)
 
 
+def user_turn(i: int, text: str, image=None, tag: str = "") -> tuple[dict, str]:
+    """Request ``i``'s user message, ``text`` after ``image`` when it has one, and its name
+    (``text-<i+1>`` or ``image-<i+1><tag>``).
+
+    Example:
+        >>> user_turn(0, "Hi")
+        ({'role': 'user', 'content': 'Hi'}, 'text-1')
+    """
+    if image is None:
+        return {"role": "user", "content": text}, f"text-{i + 1}"
+    return ({"role": "user", "content": [{"type": "image", "image": image}, {"type": "text", "text": text}]},
+            f"image-{i + 1}{tag}")
+
+
 @functools.lru_cache(maxsize=1)
 def tool_schemas() -> tuple[dict, ...]:
     """The realistic tool definitions (the shapes coding agents send), from

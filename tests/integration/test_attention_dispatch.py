@@ -1,7 +1,8 @@
 """kvlab.models.attention: the one place kvlab reaches into mlx-lm's and mlx-vlm's attention.
 
 Installed, with no wrapper and MLX's kernel, the dispatcher calls the library's own function:
-logits are bit-identical (tolerance 0) to the uninstalled model.
+logits are bit-identical (tolerance 0) to the uninstalled model. (kvlab's CPU kernel against MLX's
+on every family: tests/integration/test_cpu_attention_models.py.)
 """
 
 import threading
@@ -11,6 +12,7 @@ import pytest
 from mlx_lm.models import base
 
 import kvlab as kv
+from kvlab import device
 from kvlab.errors import KvlabError
 from kvlab.models import attention
 
@@ -28,12 +30,13 @@ def test_installed_dispatcher_changes_nothing_and_sees_every_attention_layer(nam
     # mutants caught: install() missing a family's module (the spy sees fewer layers than the
     # layout has attention layers); a dispatcher that drops the mask or the scale (logits move)
     m = kv.load(name)
-    got = _logits(m)
-    assert attention.uninstall() > 0
-    try:
-        want = _logits(m)
-    finally:
-        attention.install()
+    with attention.using("mlx"):
+        got = _logits(m)
+        assert attention.uninstall() > 0
+        try:
+            want = _logits(m)
+        finally:
+            attention.install()
     assert mx.array_equal(got, want)
 
     seen = []
@@ -42,7 +45,7 @@ def test_installed_dispatcher_changes_nothing_and_sees_every_attention_layer(nam
         seen.append((q.shape, k.shape))
         return call(q, k, v, cache, scale, mask, sinks)
 
-    with attention.wrapping(spy):
+    with attention.wrapping(spy), attention.using("mlx"):
         spied = _logits(m)
     assert mx.array_equal(spied, want)
     attending = sum(1 for kind in m.layout.kinds if kind != "recurrent" and kind != "none")
@@ -89,8 +92,9 @@ def test_wrappers_stay_in_their_thread_and_kernels_reach_every_thread():
         t.start()
         t.join(60)
     finally:
-        attention.set_kernel(None, "")
-    assert attention.kernel_name() == "mlx"
+        attention.use(None)
+    # mutant caught: use(None) leaving the last kernel in place instead of the device's choice
+    assert attention.kernel_name() == device.current().attention
     assert used == ["gen"] * m.num_layers
 
 
@@ -111,10 +115,12 @@ def test_quantized_caches_keep_the_library_path_and_bad_arguments_are_refused(sm
     try:
         m.net(mx.array([[1050]]), cache=quantized)
     finally:
-        attention.set_kernel(None, "")
+        attention.use(None)
     assert used == []
     with pytest.raises(KvlabError, match="callable"):
         attention.set_kernel(3, "x")
+    with pytest.raises(KvlabError, match="unknown attention kernel 'numpy'; choose one of kvlab-cpu, mlx"):
+        attention.use("numpy")
     with pytest.raises(KvlabError, match="callable"):
         with attention.wrapping("not a function"):
             pass

@@ -153,7 +153,7 @@ def test_hybrid_checkpoints_serve_prefix_and_exact_hits(tiny_hybrid, conversatio
     again = engine.run(conversation[2], max_tokens=2)
     # the entry for the whole prompt cannot drop its last token; the checkpoint at n-1 serves it
     assert again.reused_tokens == n[2] - 1
-    assert "cannot be trimmed" in again.why and f"reused the checkpoint at {n[2] - 1}" in again.why
+    assert "cannot be trimmed" in again.why and f"fell back to the checkpoint of {n[2] - 1} tokens" in again.why
     assert again.output_ids == results[2].output_ids
     assert all(r.verify_diff <= TOL for r in results + [again])
     kinds = engine.store.entries_frame()["kind"].to_list()
@@ -167,7 +167,7 @@ def test_hybrid_without_checkpoints_says_why(tiny_hybrid, conversation):
     again = engine.run(conversation[2], max_tokens=1)
     n = prompt_lengths(tiny_hybrid, conversation)
     assert again.reused_tokens == n[1]  # the previous prompt's entry, not n-1
-    assert "cannot be trimmed" in again.why and "layer 0 is ArraysCache" in again.why
+    assert "cannot be trimmed" in again.why and "layer 0 (ArraysCache)" in again.why
 
 
 def test_hybrid_shared_system_prompt_reuses_the_boundary_checkpoint(tiny_hybrid):

@@ -28,5 +28,5 @@ def test_a_restarted_server_reuses_what_the_first_cached(start, client, system_p
 def test_disk_tier_needs_a_radix_or_paged_ram_store(start, tmp_path):
     from kvlab.errors import KvlabError
 
-    with pytest.raises(KvlabError, match="radix or paged"):
+    with pytest.raises(KvlabError, match="'radix' or 'paged' RAM store, not 'system'"):
         start("system", disk=tmp_path / "kv")

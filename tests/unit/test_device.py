@@ -86,7 +86,24 @@ def test_blas_label():
     assert [d.blas for d in (METAL, CUDA, CPU)] == ["Accelerate", "cuBLAS", "OpenBLAS"]
     assert probe(fast_blas=False).blas == "reference BLAS"
     assert probe(system="Darwin").blas == "Accelerate"
-    assert METAL.label == "metal (Apple M2 Pro), BLAS Accelerate"
+    assert METAL.label == "metal (Apple M2 Pro), BLAS Accelerate, attention mlx"
+
+
+# Mutants: kvlab's CPU kernel chosen on Metal or CUDA (MLX's fused kernels win there), on macOS's
+# CPU backend (not measured), or on Linux CPU despite KVLAB_CPU_ATTENTION=mlx; a typo in the
+# switch silently ignored.
+def test_attention_kernel_per_backend_and_switch():
+    assert [d.attention for d in (METAL, CUDA, CPU)] == ["mlx", "mlx", "kvlab-cpu"]
+    assert probe(system="Darwin").attention == "mlx"
+    assert probe(metal=True, gpu_default=False, info=METAL_INFO, system="Darwin").attention == "mlx"
+    assert probe(cpu_attention="mlx").attention == "mlx"
+    assert probe(cpu_attention="MLX ").attention == "mlx"
+    assert probe(cpu_attention="auto").attention == probe(cpu_attention="kvlab").attention == "kvlab-cpu"
+    assert probe(cuda=True, gpu_default=True, info=CUDA_INFO, cpu_attention="kvlab").attention == "mlx"
+    assert Device.for_backend("metal").attention == Device.for_backend("cuda").attention == "mlx"
+    with pytest.raises(DeviceError, match="KVLAB_CPU_ATTENTION='numpy' is not understood.*'mlx'"):
+        probe(cpu_attention="numpy")
+    assert "attention kvlab-cpu" in repr(CPU) and "attention mlx" in METAL._repr_html_()
 
 
 # Mutants: the warning gated on fast_blas alone (a CUDA machine has no OpenBLAS preloaded and was

@@ -19,7 +19,7 @@ import kvlab as kv
 PURE = ["kvlab.primitives.tokens", "kvlab.primitives.chat_template", "kvlab.primitives.display", "kvlab.primitives.boundary", "kvlab.primitives.blocks", "kvlab.primitives.timing", "kvlab.primitives.divergence", "kvlab.primitives.volatile",
         "kvlab.primitives.normalisation", "kvlab.request", "kvlab.keys", "kvlab.primitives.units", "kvlab.workloads",
         "kvlab.workloads.generators", "kvlab.workloads.multimodal", "kvlab.workloads.text", "kvlab.workloads.fit", "kvlab.workloads.fixed",
-        "kvlab.serving.workload_params"]
+        "kvlab.serving.workload_params", "kvlab.audit.ks"]
 VLM = ["kvlab.vlm", "kvlab.vlm.images", "kvlab.vlm.model", "kvlab.vlm.net", "kvlab.vlm.build",
        "kvlab.vlm.load", "kvlab.vlm.archs", "kvlab.vlm.tiny_archs", "kvlab.loader"]
 FLAGS = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE

@@ -170,3 +170,31 @@ def test_store_policy_arguments():
     assert paged.policy.capacity is None
     paged.insert(CacheKey(ids(0, 8)), TOKS, synthetic(ids(0, 8)))
     assert paged.policy.capacity == 10 and len(paged.policy) == 2
+
+
+def test_a_store_declares_its_eviction_policy_and_the_diagnostics_read_it(tmp_path):
+    """A store says which policy evicts from it (``Capabilities.eviction_policy``); the served
+    diagnostics read that declaration, never a probe of the store's attributes. Mutant caught:
+    ServedDiagnostics reading ``getattr(store, "policy")`` (the store below declares "fifo" but has
+    no ``policy`` attribute: None)."""
+    from kvlab.serving.diagnosing import ServedDiagnostics
+    from kvlab.stores.base import Capabilities, EventLog, StoreBase
+
+    assert kv.RadixStore(1 << 20, policy="arc").capabilities.eviction_policy == "arc"
+    assert kv.PagedStore(4, num_blocks=8, policy="s3fifo").capabilities.eviction_policy == "s3fifo"
+    assert kv.stores.SharedRadixStore(1 << 20, policy="lfu").capabilities.eviction_policy == "lfu"
+    tiered = kv.stores.TieredStore(kv.RadixStore(1 << 20, policy="slru"), kv.DiskStore(tmp_path, model="f" * 64))
+    assert tiered.capabilities.eviction_policy == "slru"  # what leaves RAM for room (to the disk)
+    assert kv.SystemPromptStore().capabilities.eviction_policy is None  # it only replaces its one entry
+
+    class Declared(StoreBase):
+        name = "declared"
+        log = EventLog()
+
+        @property
+        def capabilities(self):
+            return Capabilities(eviction_policy="fifo")
+
+    assert ServedDiagnostics(None, "declared", store=Declared()).policy == "fifo"
+    assert ServedDiagnostics(None, "radix", store=kv.RadixStore(1 << 20)).policy == "lru"
+    assert ServedDiagnostics(None, "none", store=None).policy is None

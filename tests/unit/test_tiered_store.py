@@ -137,7 +137,7 @@ def test_what_cannot_be_tiered_is_refused(tmp_path):
         TieredStore(ram, DiskStore(tmp_path, model=FP))
     with pytest.raises(KvlabError, match="disk_path"):
         make_store("tiered")
-    with pytest.raises(KvlabError, match="radix' or 'paged"):
+    with pytest.raises(KvlabError, match="'radix' or 'paged' RAM store"):
         make_store("tiered", disk_path=tmp_path, ram="system")
 
 

@@ -1,0 +1,72 @@
+"""``kvlab audit --profile fast`` gives the expected verdicts for four servers (issue 33): plain
+mlx_lm.server (audited through a kvlab proxy) and vllm-mlx share their cache across keys, by timing
+and by metadata; kvlab serve without tenants shares; kvlab serve with ``--api-keys`` shows nothing
+across tenants while the same key is still detected (the positive control).
+
+The fast profile rejects only at D+ >= 0.73 (30 + 30 samples, alpha 1e-8 over two measures): the
+hit probes restore ~475 of ~500 tokens, the misses prefill them all (~3x slower on the tiny model;
+measured here at load average 6-8: D+ 0.90-1.0). A loaded machine delays hit
+and miss probes alike (one shuffled order), which can only lower D+; "not detected" needs nothing
+from the machine. Every server runs on loopback and is stopped by the fixture that started it
+(peers by process id).
+
+Mutants caught: a kvlab serve that keys requests without their tenant's salt (cross-tenant:
+"shared" and a metadata leak); an audit whose hit probes share nothing with the victim's prompt
+(the positive controls fail); metadata read from the victim's key instead of the attacker's."""
+
+import contextlib
+import io
+import json
+
+import pytest
+
+from kvlab.audit import audit
+from kvlab.cli import main
+from kvlab.serving.peers import start_mlx_lm, start_vllm_mlx
+
+pytestmark = [pytest.mark.serving, pytest.mark.model]
+
+
+def test_mlx_lm_server_shares_across_keys_through_a_proxy(tiny, proxied):
+    with start_mlx_lm(tiny) as peer:
+        p = proxied(peer.url)
+        report = audit(p.url, "victim", "attacker", levels=["cross-tenant"], profile="fast")
+    (lv,) = report.levels
+    assert lv.verdict == "shared" and lv.metadata_leak and "cached_tokens" in lv.metadata
+    assert report.smallest_detectable_tokens is not None and report.smallest_detectable_tokens < 500
+
+
+@pytest.mark.peers
+def test_vllm_mlx_shares_across_keys():
+    with start_vllm_mlx("tiny", "batched") as peer:
+        report = audit(peer.url, "victim", "attacker", levels=["cross-tenant"], profile="fast")
+    (lv,) = report.levels
+    # its usage never reports cached tokens: its /v1/cache/stats counters tell instead
+    assert lv.verdict == "shared" and lv.metadata_leak and "cached_tokens" not in lv.metadata
+    assert "/v1/cache/stats.engine_cache.hits" in lv.metadata
+
+
+def test_kvlab_serve_without_tenants_shares(start):
+    server = start("radix")
+    report = audit(server.url, "victim", "attacker", levels=["cross-tenant"], profile="fast")
+    (lv,) = report.levels
+    assert lv.verdict == "shared" and lv.metadata_leak
+
+
+def test_kvlab_serve_with_tenants_shares_nothing_across_them(start, tmp_path):
+    server = start("radix", api_keys={"ka": "alice", "kb": "bob"}, tenant_secret=tmp_path / "secret")
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["audit", server.url, "--victim-key", "ka", "--attacker-key", "kb", "--profile", "fast",
+                     "--json"]) == 0
+    report = json.loads(out.getvalue())
+    assert list(report) == ["target", "profile", "levels", "smallest_detectable_shared_tokens"]
+    assert report["target"] == server.url and report["profile"] == "fast"
+    same, cross = report["levels"]
+    assert [list(lv) for lv in report["levels"]] == [["level", "verdict", "ks_d", "p", "hit_median_s",
+                                                      "miss_median_s", "samples", "metadata_leak"]] * 2
+    # the positive control: the victim's own key still sees its cache, by timing and metadata
+    assert same["level"] == "same-key" and same["verdict"] == "shared" and same["metadata_leak"]
+    assert same["p"] < 1e-8 and same["samples"] == 60 and same["hit_median_s"] < same["miss_median_s"]
+    assert cross["level"] == "cross-tenant" and cross["verdict"] == "not detected"
+    assert cross["p"] > 1e-8 and not cross["metadata_leak"]
