@@ -162,10 +162,12 @@ class KvlabResponseGenerator(ResponseGenerator):
         self.kv_lock = threading.Lock()
         model = provider.kv_model
         # mlx-lm's sequential path: a VLM's requests, and (when prompts are snapshotted while
-        # prefilled) a text model's that cannot join the batch, served with kvlab's checkpoints
+        # prefilled) a text model's that cannot join the batch, served with kvlab's checkpoints; with
+        # a press, mlx-lm's own (its lookup is where the context is compressed: kvlab.serving.pressing)
         self.kv_sequential = (VLMRequests(model, adapter, ledger, checkpoints) if model.kind == "vlm" else
                               TextRequests(model, adapter, ledger, checkpoints, tokenize=self._tokenize)
-                              if checkpoints is not None and checkpoints.active else None)
+                              if checkpoints is not None and checkpoints.active and adapter.press is None
+                              else None)
         super().__init__(provider, adapter)
         # No request can reach the loop before the server starts listening, so the budget is
         # swapped before mlx-lm's thread first iterates it.

@@ -5,7 +5,8 @@ Mutants caught (each run, each fails here): the provider left batchable (mlx-lm'
 would merge the caches into a plain BatchKVCache: the compressed cache never reaches decode, the
 pitfall of an inherited merge); usage counting a fresh compression as cached tokens (mlx-lm counts
 every token it did not prefill); mlx-lm's own prompt + output inserts stored (they hold compressed
-rows under plain ids).
+rows under plain ids); the server's own sequential path (kvlab.serving.sequential, taken when its
+--checkpoints snapshot) serving a press's requests without compressing them: a silent 0%.
 """
 
 import httpx
