@@ -189,6 +189,12 @@ class Press:
         return f"{self.name}({settings(self)})"
 
     @property
+    def masks_in_place(self) -> bool:
+        """Whether the compressed cache keeps every row where it was and masks the pruned ones
+        (adakv, as kvpress's) instead of holding the kept rows only."""
+        return False
+
+    @property
     def reusable(self) -> bool:
         """Whether a compressed context can serve another request: not when it depends on the
         last queries (where the question sits)."""

@@ -33,8 +33,8 @@ def masked_attention(kept, cache, compressed_tokens: int, *, gather: bool = Fals
     ``gather=True`` computes the same attention over the listed rows taken out of the full cache
     (then the new rows) instead of masking the others: the same keys and values in the compressed
     cache's layout, so a correct compressed cache matches it bit for bit (masking sums over other
-    shapes, which moves float32 by rounding). A layer whose heads keep different counts (adakv)
-    is masked either way: adakv keeps every row in place and masks, exactly this layout."""
+    shapes, which moves float32 by rounding). A layer whose heads keep different counts is masked
+    either way."""
     by_cache = {id(c): kept[i] for i, _, c in full_layers(cache) if kept[i] is not None}
 
     def wrapper(call, q, k, v, c, scale, mask, sinks):
@@ -80,6 +80,8 @@ def oracle_logits(model, compressed, *blocks, full=None, gather: bool = False, s
     ids = compressed.token_ids
     cache = restore(full) if full is not None else prefill(model, ids[: compressed.tokens], step=step)[1]
     blocks = ([ids[compressed.tokens:]] if compressed.tokens < len(ids) else []) + [list(b) for b in blocks]
+    # a press that keeps every row in place and masks (adakv) has the masked layout itself
+    gather = gather and not compressed.press.masks_in_place
     with attention.wrapping(masked_attention(compressed.kept, cache, compressed.tokens, gather=gather)):
         logits = _run(model, cache, blocks, step)
     asked = sum(len(b) for b in blocks[1:]) if compressed.tokens < len(ids) else logits.shape[0]

@@ -127,6 +127,10 @@ class AdaKV(Wrapper):
     rule = ("the lowest scores across all heads of a layer pruned (head-wise budgets), a share per head "
             "protected; pruned rows masked, no memory freed (compact=True: freed down to the largest head)")
 
+    @property
+    def masks_in_place(self) -> bool:  # type: ignore[override]
+        return not self.compact
+
     def select(self, view: View) -> mx.array:
         if self.ratio == 0:
             return super().select(view)
