@@ -45,6 +45,9 @@ class Needs:
     stats_skip: int = 0
     future: int = 0
 
+    def _repr_html_(self) -> str:
+        return summary_html(repr(self), code=True)
+
     def __or__(self, other: "Needs") -> "Needs":
         return Needs(max(self.window, other.window), self.attention or other.attention,
                      self.stats or other.stats, max(self.stats_skip, other.stats_skip),
@@ -64,6 +67,12 @@ class QueryStats:
     mean: mx.array
     cov: mx.array
     rotation: mx.array
+
+    def __repr__(self) -> str:
+        return f"QueryStats({self.mean.shape[0]} query heads, dim {self.mean.shape[1]})"
+
+    def _repr_html_(self) -> str:
+        return summary_html(repr(self), code=True)
 
 
 @dataclass(frozen=True, eq=False)
@@ -85,6 +94,14 @@ class View:
     queries: mx.array | None = None
     attention: mx.array | None = None
     stats: QueryStats | None = None
+
+    def __repr__(self) -> str:
+        has = [w for w in ("queries", "attention", "stats") if getattr(self, w) is not None]
+        return (f"View(layer {self.layer} of {self.n_layers}: {self.heads} KV heads x {self.rows} rows of "
+                f"{self.length} tokens" + (f", {', '.join(has)}" if has else "") + ")")
+
+    def _repr_html_(self) -> str:
+        return summary_html(repr(self), code=True)
 
     @property
     def heads(self) -> int:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import mlx.core as mx
 
 from ..errors import PressError
+from ..primitives.display import summary_html
 from .base import Needs, QueryStats
 
 BLOCK = 256  # queries at a time when summing attention weights (bounds the [Hq, L, S] block)
@@ -62,6 +63,12 @@ class Capture:
         self.queries: dict[int, mx.array] = {}
         self.attention: dict[int, mx.array] = {}
         self.sums: dict[int, list] = {}
+
+    def __repr__(self) -> str:
+        return f"Capture({len(self.layers)} layers, {self.needs}, {len(self.seen)} seen)"
+
+    def _repr_html_(self) -> str:
+        return summary_html(repr(self), code=True)
 
     def __call__(self, call, q, k, v, cache, scale, mask, sinks):
         out = call(q, k, v, cache, scale, mask, sinks)

@@ -22,6 +22,7 @@ import dataclasses
 import mlx.core as mx
 
 from ..errors import PressError
+from ..primitives.display import summary_html
 from ..primitives.kept_cache import KeptKVCache, QuantizedKeptKVCache
 from .base import View
 from .wrappers import Decoding
@@ -35,6 +36,13 @@ class Recompressor:
         self.window = press.press.needs.window
         self.queries = queries[:, -self.window:] if queries is not None and self.window else None
         self.count = 0  # recompressions so far
+
+    def __repr__(self) -> str:
+        return (f"Recompressor(layer {self.layer}: {self.press.press.key} to {self.press.target} rows every "
+                f"{self.press.every} tokens, {self.count} so far)")
+
+    def _repr_html_(self) -> str:
+        return summary_html(repr(self), code=True)
 
     def attend(self, queries: mx.array) -> None:
         if self.window:

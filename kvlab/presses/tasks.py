@@ -25,6 +25,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
+from ..primitives.display import summary_html
+
 KEYS = ("Oslo", "Lima", "Cairo", "Tokyo", "Quito", "Perth", "Dakar", "Hanoi", "Riga", "Bern", "Accra", "Seoul")
 NOISE = ("The grass is green.", "The sky is blue.", "The sun is yellow.", "Here we go.", "There and back again.")
 SUBJECTS = ("The river", "A merchant", "The old library", "Our neighbour", "The committee", "A small boat",
@@ -44,6 +46,9 @@ class Question:
     answer: str
     prefix: str
 
+    def _repr_html_(self) -> str:
+        return summary_html(repr(self), code=True)
+
 
 @dataclass(frozen=True)
 class Task:
@@ -59,8 +64,6 @@ class Task:
         return f"Task({self.kind}, {len(self.context.split())} words, {len(self.questions)} questions, {how})"
 
     def _repr_html_(self) -> str:
-        from ..primitives.display import summary_html
-
         return summary_html(repr(self), code=True)
 
 

@@ -35,6 +35,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import QuantizedKVCache, _BaseCache, create_attention_mask
 
 from ..errors import NotTrimmableError, QuantizationError
+from .display import summary_html
 
 STEP = 256  # rows added to the buffer at a time, as mlx-lm's KVCache
 
@@ -113,6 +114,13 @@ class KeptBase(_BaseCache):
         if mask.dtype == mx.bool_:
             return used & mask
         return mx.where(used, mask, mx.array(-float("inf"), mask.dtype))
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}({self.kept.shape[1]} kept rows of {self.boundary} tokens per head, "
+                f"{self.kept.shape[0]} heads, +{self.appended} appended, offset {self.offset})")
+
+    def _repr_html_(self) -> str:
+        return summary_html(repr(self), code=True)
 
     def set_kept(self, kept, offset, boundary) -> None:
         self.kept = kept.astype(mx.int32)
