@@ -14,7 +14,7 @@ _blas.load_fast_blas()  # must precede the first `import mlx.core`
 import importlib
 
 from .errors import (BlockSizeError, BoundaryError, BudgetError, ImageError, KvlabError,
-                     ModelNotFoundError, NotTrimmableError, QuantizationError, RequestError,
+                     ModelNotFoundError, NotTrimmableError, PressError, QuantizationError, RequestError,
                      SnapshotError, TemplateError, TokenIdError, TraceError)
 
 __version__ = "0.1.0"
@@ -45,6 +45,7 @@ _LAZY = {
     "quantize": "quantization", "dequantize": "quantization", "quantization_sweep": "quantization",
     "quantized_reuse_error": "quantization",
     "Inspector": "viz.widgets",
+    "press": "presses", "compress": "presses", "Compressed": "presses",
     "serve": "serving.server", "proxy": "proxying.server",
     "generate_load": "serving.loadgen", "load_test": "serving.loadgen",
 }
@@ -57,11 +58,12 @@ _SUBMODULES = {
     "traces": "experiments.traces", "runner": "experiments.runner", "grid": "experiments.grid",
     "cost": "experiments.cost", "replay": "experiments.replay", "simulator": "sim.simulator",
     "snapshots": "primitives.snapshots", "errors": "errors", "checkpoints": "checkpoints",
-    "diagnostics": "diagnostics", "proxying": "proxying", "cluster": "cluster",
+    "diagnostics": "diagnostics", "proxying": "proxying", "cluster": "cluster", "presses": "presses",
 }
 
 _ERRORS = {"BlockSizeError", "BoundaryError", "BudgetError", "ImageError", "KvlabError",
-           "ModelNotFoundError", "NotTrimmableError", "QuantizationError", "RequestError", "SnapshotError",
+           "ModelNotFoundError", "NotTrimmableError", "PressError", "QuantizationError", "RequestError",
+           "SnapshotError",
            "TemplateError", "TokenIdError", "TraceError"}
 __all__ = sorted(set(_LAZY) | set(_SUBMODULES) | _ERRORS | {"load_ipython_extension"})
 

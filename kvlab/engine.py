@@ -18,9 +18,11 @@ from mlx_lm.generate import generate_step
 
 from . import device
 from .checkpoints import parse_policy, prefill_stops
+from .compressing import NOT_REUSED, check_press, compress_context, context_end_of, press_key
 from .errors import KvlabError, RequestError
 from .keys import CacheKey, cache_key
 from .policies.reasons import ALL_REASONS
+from .presses.decoding import attach
 from .primitives import timing
 from .primitives.display import summary_html, table_html
 from .primitives.kv_format import check_settings, check_start, head_dims_of
@@ -68,13 +70,18 @@ class Engine:
     or a policy object; True/False for the first and ``none``); by default ``message_ends`` for
     caches that cannot be cut back, else ``none``. A policy that declined a checkpoint a request
     needed says so in the request's ``why``.
+    ``press`` (``kv.press(name, ratio)``) compresses each request's context (the prompt before its
+    last message, or ``run(..., context_end=)``) once and stores it under a key that includes the
+    press; the last message and the reply run on the compressed cache, and a request with the same
+    context reuses it whole (``kvlab.compressing``).
     Every lookup, restore and insert goes through the reuse core (``kvlab.reuse``), the same one
     kvlab's server runs.
     """
 
     def __init__(self, model, store=None, *, keying: str = "prompt", verify: bool = False,
                  image_keys: bool = True, checkpoints: bool | str | None = None, max_tokens: int = 16,
-                 kv_bits: int | None = None, kv_group_size: int = 64, quantized_kv_start: int = 0):
+                 kv_bits: int | None = None, kv_group_size: int = 64, quantized_kv_start: int = 0,
+                 press=None):
         if keying not in KEYINGS:
             raise KvlabError(f"keying must be one of {KEYINGS}, got {keying!r}")
         if kv_bits is not None:
@@ -86,6 +93,7 @@ class Engine:
         device.warn_if_slow_blas()
         self.model = model
         self.store = store
+        self.press = check_press(press, model, store)
         self.keying = keying
         self.verify = verify
         self.image_keys = image_keys
@@ -135,8 +143,10 @@ class Engine:
         return cache_key(toks, extra_keys=tuple(extra_keys) + tuple(extra),
                          salt=salt if salt is not None else req_salt, image_keys=self.image_keys)
 
-    def run(self, request, max_tokens: int | None = None, *, extra_keys=(), salt=None) -> Result:
-        """Run one request: look up, restore, prefill the rest, decode greedily, insert, record."""
+    def run(self, request, max_tokens: int | None = None, *, extra_keys=(), salt=None,
+            context_end: int | None = None) -> Result:
+        """Run one request: look up, restore, prefill the rest, decode greedily, insert, record.
+        With a press, ``context_end`` says where the compressed context ends."""
         toks, extra, req_salt, req_max = self.tokens_of(request)
         self._net = self.model.for_request(toks)  # a VLM binds the request's images and positions
         max_tokens = max_tokens if max_tokens is not None else (req_max or self.max_tokens)
@@ -152,34 +162,47 @@ class Engine:
         rid = next(self._ids)
         drift = self._drift(toks)
         start = timing.timed()
-        found = self.core.lookup(rid, key, toks, limit=len(ids) - 1)
-        waited = self.checkpoint_policy.why_missed(toks, found.reused) if self.store is not None else ""
+        end = 0
+        if self.press is not None:
+            end = context_end_of(toks, context_end)
+            key = press_key(key, self.press, end)
+            found = self.core.lookup(rid, key, toks, limit=end, whole=True)
+            waited = "" if self.press.reusable else NOT_REUSED.format(name=self.press.name)
+        else:
+            found = self.core.lookup(rid, key, toks, limit=len(ids) - 1)
+            waited = self.checkpoint_policy.why_missed(toks, found.reused) if self.store is not None else ""
 
         t = timing.timed()
-        logits, cache, checkpoints, last_stop = self._prefill(rid, toks, found.reused, found.cache, key)
+        if self.press is not None:
+            (logits, cache), checkpoints, last_stop = self._pressed(rid, toks, found, key, end), 0, None
+        else:
+            logits, cache, checkpoints, last_stop = self._prefill(rid, toks, found.reused, found.cache, key)
         first = int(mx.argmax(logits).item())
         prefill_s = t.done(logits)
         ttft = start.done()
         if last_stop is not None:
             self.core.offer(rid, *last_stop, kind="checkpoint")
-        prompt_snap = snapshot(cache, tokens=ids, model=self.model) if self.store is not None else None
+        keeps = self.store is not None and self.press is None  # a compressed context was offered whole
+        prompt_snap = snapshot(cache, tokens=ids, model=self.model) if keeps else None
 
         t = timing.timed()
         out, ran = self._decode(first, cache, max_tokens)
         decode_s = t.done()
 
         seq, inserted, snap = ids, key, prompt_snap
-        if self.keying == "prompt+output" and self.store is not None:
+        if self.keying == "prompt+output" and keeps:
             seq = (ids + tuple(out))[:len(ids) + ran]
             snap = snapshot(cache, tokens=seq, model=self.model)
             inserted = CacheKey(seq, key.extra_keys, key.salt)
-        if self.store is not None:
+        if keeps:
             # stores refresh (not replace) an entry they already hold for the same tokens
             self.core.offer(rid, inserted, toks, snap, kind=self.keying)
+        elif self.press is not None:
+            seq, inserted = ids[:end], key.prefix(end)
         self._last_cached, self._last_prompt_len, self._last_messages = seq, len(ids), toks.messages
-        events = self.core.drain(rid, inserted)
+        events = self.core.drain(rid, inserted, offered=self.press is None or self.press.reusable)
         reused = found.reused
-        verify_diff = self._verify(ids, logits) if self.verify and reused else (0.0 if self.verify else None)
+        verify_diff = self._verify(ids, logits, end) if self.verify and reused else (0.0 if self.verify else None)
         result = Result(
             request_id=rid, prompt_tokens=len(ids), reused_tokens=reused, prefilled_tokens=len(ids) - reused,
             match=found.kind, ttft_s=ttft, lookup_s=found.lookup_s, restore_s=found.restore_s,
@@ -190,7 +213,8 @@ class Engine:
             why="; ".join(w for w in (found.why, waited) if w),
             drift_index=drift, entry_tokens=found.match.entry_tokens, checkpoints=checkpoints,
             prompt_ids=ids, miss_reasons=found.missed.reasons, diverged_at=found.missed.diverged_at,
-            evicted_by=found.missed.evicted_by)
+            evicted_by=found.missed.evicted_by, press=None if self.press is None else self.press.key,
+            press_tokens=end)
         self.results.append(result)
         for listener in self._listeners:
             listener(self, result)
@@ -225,6 +249,20 @@ class Engine:
             pos = b
         return *self._forward(ids[pos:], cache), len(bounds), pending
 
+    def _pressed(self, rid, toks: Tokens, found, key, end: int):
+        """(logits, cache) of a request with a press: its compressed context restored whole, or
+        compressed now (and offered, if the press is reusable); then the rest of the prompt."""
+        ids = toks.ids
+        cache = attach(self.press, found.cache) if found.reused == end else None  # decoding: hooks again
+        if cache is None:
+            c = compress_context(self.model, ids, end, self.press, self._kv)
+            cache = c.cache
+            self._event(rid, "compress", end, c.bytes_full - c.bytes_kept, None, self.press.key)
+            if self.press.reusable and self.store is not None:
+                self.core.offer(rid, key.prefix(end), toks, snapshot(cache, tokens=ids[:end], model=self.model),
+                                kind="compressed")
+        return self._forward(ids[end:], cache)
+
     @property
     def trimmable(self) -> bool:
         """Whether this model's cache can be restored at any earlier position (full KV only)."""
@@ -253,8 +291,10 @@ class Engine:
                 break
         return out, net.ran
 
-    def _verify(self, ids, logits) -> float:
-        cold, _ = self._forward(ids, None)
+    def _verify(self, ids, logits, end: int = 0) -> float:
+        # with a press the cold run compresses the context afresh: reuse must give exactly that
+        cache = compress_context(self.model, ids, end, self.press, self._kv).cache if self.press is not None else None
+        cold, _ = self._forward(ids[end:], cache)
         return float(mx.abs(cold - logits).max().item())
 
     def _drift(self, toks: Tokens) -> int | None:
@@ -313,6 +353,7 @@ class Engine:
         s = self.stats()
         store = self.store.name if self.store is not None else "none"
         kv = "" if self.kv_bits is None else f", kv q{self.kv_bits}g{self.kv_group_size}"
+        kv += "" if self.press is None else f", press {self.press.key}"
         return (f"Engine({self.model.name}, store={store}, keying={self.keying}{kv}: "
                 f"{s['requests']} requests, token hit {s['token_hit_rate']:.1%}, "
                 f"request hit {s['request_hit_rate']:.1%})")

@@ -106,6 +106,11 @@ class ExportFileError(KvlabError, ValueError):
     that is missing, malformed or lacks a metric); the message names the file and what is missing."""
 
 
+class PressError(KvlabError, ValueError):
+    """A KV-cache press that cannot run as asked: a ratio outside [0, 1), an unknown press name, a
+    press that needs queries a layer cannot give, a model with no full-attention layer."""
+
+
 class PeerError(KvlabError, RuntimeError):
     """A peer kvlab compares against (vllm-mlx, mlx-vlm's server, kvpress) that cannot be installed,
     started, reached or run; the message says what to install or fix."""

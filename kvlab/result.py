@@ -58,6 +58,8 @@ class Result:
     miss_reasons: dict = field(default_factory=dict, repr=False)
     diverged_at: int | None = None
     evicted_by: int | None = None
+    press: str | None = None  # the press's key when the context was compressed (kvlab.compressing)
+    press_tokens: int = 0     # tokens of the compressed context
 
     @property
     def reuse_ratio(self) -> float:

@@ -116,10 +116,13 @@ class PrefixCache:
         return self.store is not None and self.store.capabilities.needs_spans
 
     # -- lookup -----------------------------------------------------------------------------------
-    def lookup(self, request, key: CacheKey, tokens, *, limit: int, scope=None) -> Reuse:
+    def lookup(self, request, key: CacheKey, tokens, *, limit: int, whole: bool = False, scope=None) -> Reuse:
         """What to restore for ``key`` (at most ``limit`` tokens: one less than the prompt, whose
         last token is always recomputed) and why every other token missed (``scope``: the
-        tenant whose memory explains it; None: one memory for every request)."""
+        tenant whose memory explains it; None: one memory for every request). ``whole``: serve
+        only an entry of exactly ``limit`` tokens (a compressed context: its kept rows depend on
+        every token it was compressed with, so neither a longer entry cut back nor a shorter one
+        continued is the compression of this context)."""
         start = timing.timed()
         match, why, store_wide = MISS, "", False
         if self.store is None:
@@ -135,7 +138,15 @@ class PrefixCache:
         self.emit(request, "lookup", len(key.ids), 0, None, match.kind)
         t = timing.timed()
         cache, reused, refused = None, 0, 0
-        if match.snapshot is not None and match.tokens > 0:
+        partial = whole and match.snapshot is not None and match.tokens > 0 and \
+            not (match.tokens == limit == match.snapshot.offset)
+        if partial:
+            refused = match.tokens
+            why = (f"the store's compressed entry covers {match.snapshot.offset} tokens and matches "
+                   f"{match.tokens} of this context's {limit}: a compressed cache is reused only on a "
+                   "whole-context hit (its kept rows depend on every token it was compressed with)")
+            self.emit(request, "refused", refused, 0, match.entry_id, why)
+        elif match.snapshot is not None and match.tokens > 0:
             # a model may forbid some positions (gemma4: inside an image); text models: none
             at, inside = restorable_limit(self.model, tokens, match.tokens)
             try:
@@ -154,7 +165,7 @@ class PrefixCache:
                     why = inside if at < 1 else f"{inside}, and the entry cannot be cut back to {at}: {e}"
                 self.emit(request, "refused", refused, 0, match.entry_id, why if inside else str(e))
         restore_s = t.done([layer.state for layer in cache or ()])
-        untrimmable = not self.layout.restores_anywhere or refused > 0
+        untrimmable = whole or not self.layout.restores_anywhere or refused > 0
         missed = self.misses.explain(key, reused, untrimmable=untrimmable, refused=refused, scope=scope)
         if reused:
             self.emit(request, "hit", reused, 0, match.entry_id, match.kind)

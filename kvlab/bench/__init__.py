@@ -25,10 +25,12 @@ from dataclasses import replace
 
 from .. import device
 from ..errors import KvlabError
-from . import (attention, blas, cluster, exp, hashing, memory, policies, prefill, proxy, quantization, route,
-               served_checkpoints, serving, simulator, snapshot, tenants, tiers, ttft, vlm_peers)
+from . import (attention, blas, cluster, exp, hashing, memory, policies, prefill, press_agreement, proxy,
+               quantization, route, served_checkpoints, serving, simulator, snapshot, tenants, tiers, ttft,
+               vlm_peers)
 from .families import checkpoint_policies, conformance
 from .families_cache import hybrid_ttft, sliding_bytes
+from .presses import press_bytes, press_decode, press_quality, press_time
 from .settings import Settings
 from .table import Table, median_range, ms, spread
 
@@ -59,6 +61,11 @@ REGISTRY = {
     "sliding_bytes": sliding_bytes,
     "vlm_peers": vlm_peers,
     "tenants": tenants,
+    "press_bytes": press_bytes,
+    "press_time": press_time,
+    "press_decode": press_decode,
+    "press_quality": press_quality,
+    "press_agreement": press_agreement,
 }
 SECTIONS = tuple(REGISTRY)
 

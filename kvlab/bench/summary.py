@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..errors import KvlabError
+from .presses import agreement_target, bytes_target, time_target
 from .table import Table
 from ..primitives.display import summary_html
 
@@ -264,6 +265,13 @@ TARGETS = (
            "CPU attention", "attention", _attention),
     Target("prefill of a 2,048-token prompt on SmolLM2 <= 2.5x the BLAS-rate limit of its matmul FLOPs",
            "prefill", _prefill),
+    Target("KV-cache presses hold (1 - ratio) of the full cache's KV at 25/50/75% within one row per KV head "
+           "(scorer presses, every layer)", "press_bytes", bytes_target),
+    Target("compression (the press's capture during prefill + scoring and gathering) <= 10% of a plain "
+           "prefill, every press at 0.5", "press_time", time_target),
+    Target("kvlab's streaming_llm, knorm, snapkv, expected_attention and tova keep the positions kvpress 0.5.5 "
+           "keeps on the same SmolLM2 weights, every layer and KV head (or differ by a near-tie only)",
+           "press_agreement", agreement_target),
 )
 
 

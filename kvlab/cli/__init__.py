@@ -15,14 +15,14 @@ import argparse
 import sys
 
 from ..errors import KvlabError
-from . import (audit, bench, checkpoints, conformance, loadgen, notebooks, proxy, route, serving, setup, simulate,
-               workload)
+from . import (audit, bench, checkpoints, conformance, loadgen, notebooks, press, proxy, route, serving, setup,
+               simulate, workload)
 
 __all__ = ["COMMANDS", "build_parser", "main"]
 
 # the command groups, in the order `kvlab --help` lists them
 COMMANDS = (setup, bench, simulate, workload, notebooks, serving, proxy, route, loadgen, checkpoints, conformance,
-            audit)
+            audit, press)
 # old command names kept for one release: old -> new
 RENAMED = {"load": "loadgen", "run": "execute"}
 

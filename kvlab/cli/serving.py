@@ -54,6 +54,10 @@ def register(sub) -> None:
                    "tail:N, every:N, last_message, log_spaced, cost_aware, none")
     s.add_argument("--kv-events", default=None, metavar="tcp://127.0.0.1:PORT",
                    help="publish the store as vLLM 0.10.2 KV events (ZMQ PUB, msgpack) on this address")
+    s.add_argument("--press", default=None, metavar="NAME:RATIO",
+                   help="compress each prompt's context (all but its last message) with a KV-cache press, "
+                   "e.g. knorm:0.5; stored whole and reused on a whole-context hit; requests are then "
+                   "served one at a time (/kvlab/stats says so)")
     s.set_defaults(func=serve)
 
 
@@ -85,7 +89,7 @@ def serve(args) -> int:
                     api_key=args.api_key, block_size=args.block_size, max_tokens=args.max_tokens,
                     disk=args.disk, disk_budget=args.disk_budget, checkpoints=args.checkpoints,
                     api_keys=args.api_keys, admin_key=args.admin_key, tenant_secret=args.tenant_secret,
-                    public_prefix=public, kv_events=args.kv_events)
+                    public_prefix=public, kv_events=args.kv_events, press=args.press)
     server.start()
     budget = server.budget_bytes if server.budget_bytes is not None else "unbounded"
     in_foreground(server, f"kvlab serve: {server.url} · model {server.model.name} in {server.model.dtype_label} · "
@@ -95,6 +99,7 @@ def serve(args) -> int:
                   f"{' · disk tier ' + str(args.disk) if args.disk else ''} · metrics at {server.url}/metrics"
                   f"{' · tenants ' + ', '.join(server.tenancy.keyring.tenants) if args.api_keys else ''}"
                   f"{' · KV events ' + server.kv_events.endpoint if server.kv_events else ''}"
+                  f"{' · press ' + server.press.key if server.press else ''}"
                   " · Ctrl-C to stop", server.wait)
     s = server.stats()
     print(f"kvlab serve: stopped after {s['requests']} requests, token hit {s['token_hit_rate']:.1%}, "

@@ -4,6 +4,9 @@ Their model modules call ``scaled_dot_product_attention(queries, keys, values, c
 mask=, sinks=)`` imported by name from ``mlx_lm.models.base`` (or ``mlx_vlm.models.base``).
 ``install()`` rebinds that name, in every model module loaded so far, to a dispatcher that
 
+0. lets a cache with an ``attention_mask(mask, queries)`` method (kvlab's compressed caches,
+   ``kvlab.primitives.kept_cache``) hide rows first: a head that keeps fewer rows than its layer
+   holds masks the others, in every thread, whoever runs the model;
 1. runs the wrappers entered with ``wrapping(...)`` in the calling thread, outermost first: each is
    ``wrapper(call, queries, keys, values, cache, scale, mask, sinks)`` and continues the chain with
    ``call(queries, keys, values, cache, scale, mask, sinks)`` (a press reads the window's queries
@@ -61,6 +64,9 @@ def _dispatcher(original):
         return fn(queries, keys, values, scale=scale, mask=mask, sinks=sinks)
 
     def scaled_dot_product_attention(queries, keys, values, cache, scale, mask=None, sinks=None):
+        hide = getattr(cache, "attention_mask", None)
+        if hide is not None:  # a compressed cache hides the rows a head does not use
+            mask = hide(mask, queries)
         call = innermost
         for wrapper in reversed(_wrappers.get()):
             call = _link(wrapper, call)

@@ -34,7 +34,7 @@ from mlx_lm.models import cache as mlx_cache
 
 from .. import device
 from .display import summary_html
-from .layout import FULL_CLASSES
+from .layout import FULL_CLASSES, KEPT_CLASSES
 from .snapshots import LayerState
 
 
@@ -49,6 +49,8 @@ def kind_of(cls: str) -> str:
         return "window"
     if cls == "ChunkedKVCache":
         return "chunked"
+    if cls in KEPT_CLASSES:
+        return "compressed"
     klass = getattr(mlx_cache, cls, None)
     if isinstance(klass, type) and issubclass(klass, mlx_cache.ArraysCache):
         return "recurrent"

@@ -21,7 +21,8 @@ from ..errors import QuantizationError, SnapshotError
 
 BITS = (1, 2, 3, 4, 5, 6, 8)        # what mx.quantize packs
 GROUP_SIZES = (32, 64, 128)         # what mx.quantize groups by
-ATTENTION = ("KVCache", "QuantizedKVCache", "ConcatenateKVCache", "ChunkedKVCache", "RotatingKVCache")
+ATTENTION = ("KVCache", "QuantizedKVCache", "ConcatenateKVCache", "ChunkedKVCache", "RotatingKVCache",
+             "KeptKVCache", "QuantizedKeptKVCache")
 
 
 def check_settings(bits, group_size, head_dims=()) -> None:
@@ -90,7 +91,7 @@ def layer_format(kind: str, state) -> str | None:
     """The KV format of one layer given its mlx-lm class name and state: "q4g64" for a
     QuantizedKVCache (bits 4, group size 64), the float dtype ("float32") for attention KV,
     None for layers without token KV (SSM/conv state) or without any tokens yet."""
-    if kind == "QuantizedKVCache":
+    if kind in ("QuantizedKVCache", "QuantizedKeptKVCache"):  # the kept cache keeps the same fields first
         return f"q{state[4]}g{state[3]}"
     if kind in ATTENTION and state and state[0] is not None:
         return str(state[0].dtype).removeprefix("mlx.core.")

@@ -13,6 +13,9 @@ Layer kinds:
   restorable only exactly where it was taken;
 - ``chunked``: chunked attention of C tokens (ChunkedKVCache, Llama 4): can go back only while
   the chunk of the new position starts at or after what it still holds;
+- ``compressed``: what a press kept of a full-attention layer (KeptKVCache,
+  ``kvlab.primitives.kept_cache``): rows at their original positions, not one per token, so it is
+  neither sliced into blocks nor cut back below the point it was compressed at;
 - ``list``: several of these in one layer (CacheList); it can do what all its parts can.
 
 Example:
@@ -27,8 +30,9 @@ from dataclasses import dataclass
 
 from .display import summary_html, table_html
 
-KINDS = ("full", "window", "recurrent", "chunked", "list", "unknown")
+KINDS = ("full", "window", "recurrent", "chunked", "compressed", "list", "unknown")
 FULL_CLASSES = ("KVCache", "QuantizedKVCache", "ConcatenateKVCache")
+KEPT_CLASSES = ("KeptKVCache", "QuantizedKeptKVCache")  # kvlab.primitives.kept_cache
 
 
 @dataclass(frozen=True)
@@ -53,6 +57,8 @@ class LayerKind:
             return "CacheList of " + " + ".join(p.label for p in self.parts)
         if self.kind == "recurrent":
             return f"recurrent state ({self.cls})"
+        if self.kind == "compressed":
+            return ("quantized " if self.quantized else "") + "compressed full-attention KV"
         return ("quantized " if self.quantized else "") + ("full-attention KV" if self.kind == "full"
                                                             else f"{self.cls} (unknown to kvlab)")
 
@@ -71,6 +77,8 @@ def layer_kind(cache) -> LayerKind:
         return LayerKind("window", cls, window=int(cache.max_size))
     if cls == "ChunkedKVCache":
         return LayerKind("chunked", cls, chunk=int(cache.chunk_size))
+    if cls in KEPT_CLASSES:
+        return LayerKind("compressed", cls, quantized=cls == "QuantizedKeptKVCache")
     if cls == "CacheList":
         return LayerKind("list", cls, parts=tuple(layer_kind(c) for c in cache.caches))
     if any(k.__name__ == "ArraysCache" for k in type(cache).__mro__):
@@ -160,6 +168,13 @@ def refusal(cls: str, state, keep: int) -> str | None:
             return None
         return (f"its chunked attention of {chunk} holds tokens from {start} on, but position {keep} "
                 f"needs its chunk from {need}")
+    if cls in KEPT_CLASSES:
+        offset, boundary = int(state[2]), int(state[-1])
+        if keep >= boundary:
+            return None
+        return (f"it is a compressed cache of {boundary} tokens (a press kept its rows seeing all of them), "
+                f"so cut to {keep} it is not the compression of the first {keep}: a compressed entry is "
+                "reused only on a whole-context hit")
     if cls == "CacheList":
         for sub_state, sub_cls in state:
             why = refusal(sub_cls, sub_state, keep)
@@ -173,7 +188,7 @@ def refusal(cls: str, state, keep: int) -> str | None:
 def position_of(cls: str, state) -> int | None:
     """How many tokens a layer has seen, from its state (a window's or a chunked cache's offset,
     not what it still holds); None for a recurrent state, which does not say."""
-    if cls in ("KVCache", "RotatingKVCache", "ChunkedKVCache", "QuantizedKVCache", "ConcatenateKVCache"):
+    if cls in ("KVCache", "RotatingKVCache", "ChunkedKVCache", "QuantizedKVCache", "ConcatenateKVCache") + KEPT_CLASSES:
         return int(state[2]) if len(state) > 2 else None
     if cls == "CacheList":
         seen = [n for n in (position_of(c, s) for s, c in state) if n is not None]

@@ -24,6 +24,7 @@ from mlx_lm.models import cache as mlx_cache
 from .. import device
 from ..errors import NotTrimmableError, SnapshotError
 from .display import summary_html, table_html
+from .kept_cache import CLASSES as KEPT_CLASSES
 from .kv_format import maybe_quantize
 from .layout import position_of, refusal
 from .units import fmt_bytes
@@ -123,6 +124,9 @@ def _layer_state(c) -> LayerState:
         kq, vq = tree_map(lambda a: a[..., : c.offset, :], (c.keys, c.values))
         nbytes = sum(a.nbytes for a in kq + vq)
         return LayerState(kind, (kq, vq, c.offset, c.group_size, c.bits), c.offset, nbytes)
+    if kind in KEPT_CLASSES:  # a press's rows: views of the rows it holds, at the true offset
+        state = _views(c.state)
+        return LayerState(kind, state, c.offset, c.nbytes + c.kept.nbytes)
     if isinstance(c, mlx_cache.ArraysCache):
         arrays, left_padding, lengths = c.state
         state = (tuple(_view(a) for a in arrays), _view(left_padding), _view(lengths))
@@ -176,7 +180,7 @@ def restore(snap: Snapshot) -> list:
 
 
 def _live_cache(kind: str, state):
-    cls = getattr(mlx_cache, kind, None)
+    cls = getattr(mlx_cache, kind, None) or KEPT_CLASSES.get(kind)
     if cls is None:
         raise SnapshotError(f"unknown mlx-lm cache class {kind!r}; this mlx-lm is too old")
     if cls is mlx_cache.CacheList:  # built part by part: mlx-lm's own setter keeps a part's state as given
@@ -283,10 +287,10 @@ def _checked(model, ids) -> list[int]:
     return list(model.check_ids(ids)) if isinstance(model, Runnable) else [int(i) for i in ids]
 
 
-def chunks(net, n: int, cache):
+def chunks(net, n: int, cache, step: int | None = None):
     """The prefill chunks ``(start, end)`` of ``n`` ids, yielded one at a time as the cache fills:
-    PREFILL_STEP tokens each (as mlx-lm's prefill), lengthened where the net says a chunk may not
-    end (a VLM whose image tokens attend to each other runs each image in one chunk:
+    ``step`` (default PREFILL_STEP) tokens each (as mlx-lm's prefill), lengthened where the net
+    says a chunk may not end (a VLM whose image tokens attend to each other runs each image in one chunk:
     ``RequestModel.chunk_length``).
 
     Example:
@@ -294,31 +298,36 @@ def chunks(net, n: int, cache):
         [(0, 2048), (2048, 4096), (4096, 5000)]
     """
     chunk_length = getattr(net, "chunk_length", None)  # only an image-bound VLM net has one
+    step = PREFILL_STEP if step is None else int(step)
+    if step < 1:
+        raise SnapshotError(f"the prefill step must be >= 1 token, got {step}")
     start = 0
     while start < n:
-        length = min(n - start, PREFILL_STEP)
+        length = min(n - start, step)
         if chunk_length is not None:
             length = min(n - start, chunk_length(cache, length))
         yield start, start + length
         start += length
 
 
-def advance(model, ids, cache, **kv_quant) -> list:
+def advance(model, ids, cache, *, step: int | None = None, **kv_quant) -> list:
     """Run ``ids`` into ``cache`` without computing logits (as mlx-lm's generate_step prefill
-    does: with a 150k vocabulary the output projection of every position dominates small models).
+    does: with a 150k vocabulary the output projection of every position dominates small models),
+    ``step`` tokens at a time (default PREFILL_STEP).
     ``kv_bits=, kv_group_size=, quantized_kv_start=`` quantize the cache as ``prefill`` does."""
     net = net_of(model)
     ids = _checked(model, ids)
-    for start, end in chunks(net, len(ids), cache):
+    for start, end in chunks(net, len(ids), cache, step):
         net(mx.array(ids[start:end])[None], cache=cache)
         mx.eval([c.state for c in maybe_quantize(cache, **kv_quant)])
     return cache
 
 
 def prefill(model, ids, cache=None, *, all_logits: bool = False, kv_bits=None, kv_group_size=64,
-            quantized_kv_start=0):
-    """Run ``ids`` through the model on top of ``cache`` in steps of PREFILL_STEP tokens (as
-    mlx-lm's prefill does). Returns (last-position logits as float32 [vocab], cache); with
+            quantized_kv_start=0, step: int | None = None):
+    """Run ``ids`` through the model on top of ``cache`` in steps of ``step`` tokens (default
+    PREFILL_STEP, as mlx-lm's prefill does). Returns (last-position logits as float32 [vocab],
+    cache); with
     ``all_logits=True`` the logits of every position of ``ids`` ([len(ids), vocab]). With
     ``kv_bits`` the cache list's layers become QuantizedKVCache as in mlx-lm's generate: after each
     step once their offset reaches ``quantized_kv_start`` (kvlab's default 0; mlx-lm's is 5000).
@@ -333,12 +342,12 @@ def prefill(model, ids, cache=None, *, all_logits: bool = False, kv_bits=None, k
     cache = make_cache(model) if cache is None else cache
     quant = {"kv_bits": kv_bits, "kv_group_size": kv_group_size, "quantized_kv_start": quantized_kv_start}
     if not all_logits:
-        advance(model, ids[:-1], cache, **quant)
+        advance(model, ids[:-1], cache, step=step, **quant)
         logits = net(mx.array(ids[-1:])[None], cache=cache)[0, -1].astype(mx.float32)
         mx.eval(logits, [c.state for c in maybe_quantize(cache, **quant)])
         return logits, cache
     pieces = []
-    for start, end in chunks(net, len(ids), cache):
+    for start, end in chunks(net, len(ids), cache, step):
         pieces.append(net(mx.array(ids[start:end])[None], cache=cache)[0].astype(mx.float32))
         mx.eval(pieces[-1], [c.state for c in maybe_quantize(cache, **quant)])
     return mx.concatenate(pieces, axis=0), cache

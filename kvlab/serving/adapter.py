@@ -35,6 +35,7 @@ from __future__ import annotations
 import logging
 import threading
 
+from ..compressing import check_press
 from ..errors import KvlabError
 from ..tenants import Tenancy
 from ..primitives.display import summary_html
@@ -42,6 +43,7 @@ from ..primitives.snapshots import snapshot
 from ..primitives.tokens import from_ids
 from ..reuse import PrefixCache
 from .events import ServerEvents
+from .pressing import Pressing
 
 SEGMENTS = ("assistant", "user", "system")  # mlx-lm's cache types, in its eviction order
 # kvlab insert kinds: a segment's end is a snapshot taken while prefilling, what kv.Engine offers
@@ -150,14 +152,15 @@ class Attribution:
         self.events.add("error", request=rid, detail=f"{what}: {type(e).__name__}: {e}")
 
 
-class StoreAdapter(Attribution):
+class StoreAdapter(Pressing, Attribution):
     """A kvlab store (``radix``, ``paged``, ``system``, ``mlx-lru``, ... or None: caching off)
     speaking mlx-lm's prompt-cache interface through the reuse core (see module docstring)."""
 
-    def __init__(self, store, model, events: ServerEvents, tenancy: Tenancy | None = None):
+    def __init__(self, store, model, events: ServerEvents, tenancy: Tenancy | None = None, press=None):
         super().__init__(events)
         self.store = store
         self.model = model
+        self.press = check_press(press, model, store)  # kvlab.compressing: fresh prefills compressed
         self.tenancy = tenancy if tenancy is not None else Tenancy.configure()
         self.owners: dict[str, str] = {}  # store entry -> the tenant whose request stored it
         self.name = "none" if store is None else store.name
@@ -172,6 +175,8 @@ class StoreAdapter(Attribution):
     def fetch_nearest_cache(self, model_key, tokens):
         with self.lock:
             ids = list(tokens)
+            if self.press is not None:
+                return self.compressed(self.current, ids)
             toks = self._tokens(ids)
             key = self.key_for(self.current, toks)  # text: no images
             if key is None:
@@ -182,6 +187,8 @@ class StoreAdapter(Attribution):
     def insert_cache(self, model_key, tokens, prompt_cache, *, cache_type: str = "assistant"):
         with self.lock:
             rid = self.owner(tokens, cache_type)
+            if self.press is not None:
+                return self.compressed_offer(rid, tokens, cache_type)
             ids = list(tokens)
             toks = self._tokens(ids) if self.store is not None else None
             key = None if toks is None else self.key_for(rid, toks)
@@ -211,13 +218,15 @@ class StoreAdapter(Attribution):
         return ns.tenant if ns is not None and self.tenancy.isolated else None
 
     # -- the same steps for a caller that keys its own tokens (a VLM request: image hashes) -------
-    def lookup(self, rid, toks, key) -> tuple[list | None, int]:
+    def lookup(self, rid, toks, key, *, limit: int | None = None, whole: bool = False) -> tuple[list | None, int]:
         """Look ``key`` up for request ``rid`` through the reuse core: (fresh cache or None, tokens
-        reused), at most ``len(key) - 1``; what it found is kept for the ledger."""
+        reused), at most ``limit`` (default ``len(key) - 1``; ``whole``: exactly ``limit``, a
+        compressed context); what it found is kept for the ledger."""
         with self.lock:
             self.lookups += 1
             try:
-                found = self.core.lookup(rid, key, toks, limit=len(key.ids) - 1, scope=self.scope(rid))
+                limit = len(key.ids) - 1 if limit is None else limit
+                found = self.core.lookup(rid, key, toks, limit=limit, whole=whole, scope=self.scope(rid))
                 cache, reused = found.cache, found.reused
                 info = {"kind": found.kind, "why": found.why, "scoped_why": found.scoped_why,
                         "key": key, "entry": found.match.entry_id,
@@ -248,16 +257,18 @@ class StoreAdapter(Attribution):
                 for field in ("why", "scoped_why"):
                     info[field] = "; ".join(w for w in (info.get(field), why) if w)
 
-    def offer(self, rid, toks, key, prompt_cache, ids, *, cache_type: str = "assistant") -> None:
-        """Offer ``prompt_cache`` (holding ``ids``, keyed ``key``) to the store for request ``rid``;
-        ``cache_type="assistant"`` (prompt + output) is a request's last offer."""
+    def offer(self, rid, toks, key, prompt_cache, ids, *, cache_type: str = "assistant",
+              kind: str | None = None) -> None:
+        """Offer ``prompt_cache`` (holding ``ids``, keyed ``key``) to the store for request ``rid``
+        (as ``kind``, default by ``cache_type``); ``cache_type="assistant"`` (prompt + output) is a
+        request's last offer."""
         try:
-            self._offer(rid, toks, key, prompt_cache, ids, cache_type)
+            self._offer(rid, toks, key, prompt_cache, ids, cache_type, kind)
         finally:
             if cache_type == "assistant":
                 self.final_offered(rid)
 
-    def _offer(self, rid, toks, key, prompt_cache, ids, cache_type: str) -> None:
+    def _offer(self, rid, toks, key, prompt_cache, ids, cache_type: str, kind: str | None = None) -> None:
         with self.lock:
             if self.store is None:
                 self.events.add("offer", request=rid, tokens=len(ids), detail=cache_type, segment=cache_type,
@@ -268,7 +279,7 @@ class StoreAdapter(Attribution):
                 # mlx-lm's tokens are exactly what it ran (its BatchGenerator keeps them so, and
                 # the sequential path runs every yielded token before stopping).
                 snap = snapshot(prompt_cache, tokens=list(ids) if self.positionless else None, model=self.model)
-                self.core.offer(rid, key, toks, snap, kind=KIND.get(cache_type, "prompt"), segment=cache_type)
+                self.core.offer(rid, key, toks, snap, kind=kind or KIND.get(cache_type, "prompt"), segment=cache_type)
             except Exception as e:  # noqa: BLE001
                 self._error(f"insert ({cache_type})", rid, e)
             self._drain(rid, cache_type, key)

@@ -65,8 +65,9 @@ def cli_args(model, *, prompt_cache_bytes: int | None = None, prompt_cache_size:
 class KvlabModelProvider(ModelProvider):
     """mlx-lm's ModelProvider serving the one kvlab model it was given."""
 
-    def __init__(self, args: argparse.Namespace, model):
+    def __init__(self, args: argparse.Namespace, model, *, sequential: bool = False):
         self.kv_model = model
+        self.kv_sequential = sequential  # a press: compressed caches have no merge (kvlab.compressing)
         super().__init__(args)
 
     def _load(self, model_path, adapter_path=None, draft_model_path=None):
@@ -81,7 +82,7 @@ class KvlabModelProvider(ModelProvider):
             self.processor, self.is_batchable = None, False
             return
         self.processor = load_processor(m.net, m.config)
-        self.is_batchable = all(hasattr(c, "merge") for c in make_prompt_cache(m.net))
+        self.is_batchable = not self.kv_sequential and all(hasattr(c, "merge") for c in make_prompt_cache(m.net))
 
 
 class StepBudget(TimeBudget):
@@ -124,6 +125,9 @@ class ObservedQueue:
             return self.inner.put(item, *args, **kwargs)
         if self.held is not None:
             ctx, self.held = self.held, None
+            found = self.adapter.found(self.rid)
+            if "press_tokens" in found:  # mlx-lm counts a compressed context as cached: only a hit is
+                ctx.prompt_cache_count = found["reused"]
             self.ledger.admitted(self.rid, ctx)
             self.inner.put(ctx)
         if isinstance(item, Response):
@@ -158,10 +162,12 @@ class KvlabResponseGenerator(ResponseGenerator):
         self.kv_lock = threading.Lock()
         model = provider.kv_model
         # mlx-lm's sequential path: a VLM's requests, and (when prompts are snapshotted while
-        # prefilled) a text model's that cannot join the batch, served with kvlab's checkpoints
+        # prefilled) a text model's that cannot join the batch, served with kvlab's checkpoints; with
+        # a press, mlx-lm's own (its lookup is where the context is compressed: kvlab.serving.pressing)
         self.kv_sequential = (VLMRequests(model, adapter, ledger, checkpoints) if model.kind == "vlm" else
                               TextRequests(model, adapter, ledger, checkpoints, tokenize=self._tokenize)
-                              if checkpoints is not None and checkpoints.active else None)
+                              if checkpoints is not None and checkpoints.active and adapter.press is None
+                              else None)
         super().__init__(provider, adapter)
         # No request can reach the loop before the server starts listening, so the budget is
         # swapped before mlx-lm's thread first iterates it.

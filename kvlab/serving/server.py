@@ -34,6 +34,7 @@ import threading
 
 from mlx_lm.server import get_system_fingerprint
 
+from .. import presses
 from ..errors import KvlabError
 from ..primitives.display import summary_html, table_html
 from ..primitives.units import fmt_bytes, parse_bytes
@@ -66,7 +67,7 @@ class Server(Listening):
                  api_key: str | None = None, block_size: int = 16, max_size: int = 10,
                  max_tokens: int = 512, decode_concurrency: int = 32, prompt_concurrency: int = 8,
                  disk=None, disk_budget=None, checkpoints="segment_ends", kv_events: str | None = None,
-                 api_keys=None, admin_key: str | None = None, tenant_secret=None, public_prefix=()):
+                 api_keys=None, admin_key: str | None = None, tenant_secret=None, public_prefix=(), press=None):
         from ..checkpoints import parse_policy
         from ..loader import load
         from ..models.loading import Model
@@ -94,6 +95,7 @@ class Server(Listening):
                                disk_path=disk, model=self.model,
                                disk_budget_bytes=None if disk_budget is None else parse_bytes(disk_budget))
             budget_bytes = None
+        self.press = None if press is None else presses.parse(press)
         self.store_name, self.adapter = self._adapter(store, budget_bytes, block_size, max_size)
         self.budget_bytes = self.adapter.budget_bytes
         self.checkpoints = ServedCheckpoints(checkpoints, self.model, self.adapter.store)
@@ -127,11 +129,11 @@ class Server(Listening):
         if store is None or isinstance(store, str):
             name = store or "none"
             obj = make_store(name, budget_bytes=budget_bytes, block_size=block_size, max_size=max_size)
-            return name, StoreAdapter(obj, self.model, self.events_log, self.tenancy)
+            return name, StoreAdapter(obj, self.model, self.events_log, self.tenancy, press=self.press)
         if budget_bytes is not None:
             raise KvlabError("budget= applies to a store made by name; a store object keeps its own "
                              "budget_bytes")
-        return store.name, StoreAdapter(store, self.model, self.events_log, self.tenancy)
+        return store.name, StoreAdapter(store, self.model, self.events_log, self.tenancy, press=self.press)
 
     # -- running ----------------------------------------------------------------------------------
     def start(self) -> "Server":
@@ -140,7 +142,7 @@ class Server(Listening):
             return self
         args = cli_args(self.model, prompt_cache_bytes=None, **self._limits)
         args.allowed_origins = []  # no CORS: a web page must not drive a local server
-        provider = KvlabModelProvider(args, self.model)
+        provider = KvlabModelProvider(args, self.model, sequential=self.press is not None)
         self.generator = KvlabResponseGenerator(provider, self.adapter, self.ledger, self.events_log,
                                                 on_fatal=self._fatal, checkpoints=self.checkpoints)
         handler, rg, fp = bind_handler(self), self.generator, get_system_fingerprint()
@@ -239,10 +241,19 @@ class Server(Listening):
                 "by_type": a.stats_by_type(), "step": self.events_log.step,
                 "events": self.events_log.next_seq, "normalise": self.normalise,
                 "model": self.model.name, "url": self.url,
-                "batching": "one request at a time (VLM)" if self.model.kind == "vlm" else "continuous",
+                "batching": self._batching(), "press": None if self.press is None else self.press.key,
                 "generation_restarts": self.generator.kv_restarts if self.generator else 0,
                 "failure": None if self.failure is None else str(self.failure),
                 "kv_events": None if self.kv_events is None else self.kv_events.info()}
+
+    def _batching(self) -> str:
+        if self.model.kind == "vlm":
+            return "one request at a time (VLM)"
+        if self.press is not None:
+            return (f"one request at a time (press {self.press.key}: a compressed cache has no merge, so "
+                    "mlx-lm's BatchGenerator cannot batch it; each prompt's context is compressed after "
+                    "its own prefill)")
+        return "continuous"
 
     def invariants(self) -> dict:
         """The store's invariants (see StoreAdapter.invariants) plus no request left running."""
@@ -278,7 +289,8 @@ def serve(model="tiny", store="radix", **kwargs) -> Server:
     ``decode_concurrency``, ``prompt_concurrency``, ``checkpoints`` (where prefill stops to
     snapshot: a ``kvlab.checkpoints`` spec; default ``segment_ends``, mlx-lm's), ``kv_events`` (a ZMQ
     address such as ``tcp://127.0.0.1:0``: the store published as vLLM KV events,
-    kvlab.serving.kv_publisher).
+    kvlab.serving.kv_publisher), ``press`` (``"knorm:0.5"`` or a ``kv.press(...)``: each prompt's
+    context compressed, stored whole, requests served one at a time: ``kvlab.compressing``).
 
     Example:
         >>> with kv.serve("tiny", "paged", budget="64MiB") as server:

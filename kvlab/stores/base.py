@@ -18,7 +18,7 @@ from ..primitives.snapshots import Snapshot
 from ..primitives.tokens import Tokens
 
 MATCH_KINDS = ("miss", "exact", "prefix", "lcp", "supersequence")
-ALL_LAYER_KINDS = frozenset({"full", "window", "recurrent", "chunked", "list", "unknown"})
+ALL_LAYER_KINDS = frozenset({"full", "window", "recurrent", "chunked", "compressed", "list", "unknown"})
 VIEWS = ("tree", "blocks", "entries")  # the frames a store can draw: tree_frame(), blocks_frame(), entries_frame()
 # why an entry left when not for room (for room, the reason is the eviction policy's name)
 NON_CAPACITY_REASONS = ("subsumed", "replaced", "invalidated")

@@ -113,7 +113,18 @@ def memory_over_time(events, budget_bytes: int | None = None, *, by: str = "kind
                            text=f"budget {fmt_bytes(budget_bytes)} ({budget_bytes / (top / 1.1):,.0f}x "
                                 "the peak): far above this axis")
     fig.update_layout(title=f"{title} · now {fmt_bytes(total[-1])} · peak {fmt_bytes(max(total))}"
-                      f" · {len(out)} removals", xaxis_title="time since engine start (s)",
+                      f" · {len(out)} removals{_compressed(frame, series)}", xaxis_title="time since engine start (s)",
                       yaxis=dict(title="bytes held", **byte_axis(top)), height=380, margin=dict(t=40, l=60, r=10, b=40),
                       meta={"budget_bytes": budget_bytes}, legend=dict(orientation="h", y=-0.2))
     return fig
+
+
+def _compressed(frame: pl.DataFrame, series: dict) -> str:
+    """What a press did, from the Engine's ``compress`` rows: contexts compressed, what their
+    entries hold now and what the press saved them (kvlab.compressing); "" without a press."""
+    rows = frame.filter(pl.col("event") == "compress")
+    if rows.height == 0:
+        return ""
+    held = series.get("compressed", [0])[-1]
+    return (f" · {rows.height} contexts compressed ({rows['detail'][0]}): entries hold {fmt_bytes(held)}, "
+            f"the press saved {fmt_bytes(int(rows['bytes'].sum()))}")

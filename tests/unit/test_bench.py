@@ -31,11 +31,14 @@ def test_registry_order_and_sections():
     assert bench.SECTIONS == ("blas", "ttft", "snapshot", "memory", "hashing", "simulator", "cluster", "exp",
                               "attention", "prefill", "quantization",
                               "policies", "serving", "served_checkpoints", "proxy", "route", "tiers", "conformance",
-                              "checkpoint_policies", "hybrid_ttft", "sliding_bytes", "vlm_peers", "tenants")
+                              "checkpoint_policies", "hybrid_ttft", "sliding_bytes", "vlm_peers", "tenants",
+                              "press_bytes", "press_time", "press_decode", "press_quality", "press_agreement")
     for name, section in bench.REGISTRY.items():
         assert isinstance(section.NEEDS_MODEL, bool) and callable(section.table), name
     assert [n for n, s in bench.REGISTRY.items() if s.NEEDS_MODEL] == ["ttft", "snapshot", "memory", "prefill",
-                                                                      "quantization", "serving", "tiers"]
+                                                                      "quantization", "serving", "tiers",
+                                                                      "press_bytes", "press_time", "press_decode",
+                                                                      "press_quality", "press_agreement"]
 
 
 def test_a_new_section_is_one_registry_entry(monkeypatch, capsys):

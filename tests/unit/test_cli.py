@@ -20,7 +20,8 @@ def test_python_dash_m_lists_every_command():
     out = subprocess.run([sys.executable, "-m", "kvlab.cli", "--help"], capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 0, out.stderr
-    assert "{prepare,demo,bench,simulate,workload,execute,run,grid,serve,proxy,route,cluster,loadgen,load,peer,checkpoints,conformance,audit}" in out.stdout
+    assert ("{prepare,demo,bench,simulate,workload,execute,run,grid,serve,proxy,route,cluster,loadgen,load,peer,"
+            "checkpoints,conformance,audit,press}") in out.stdout
 
 
 def test_renamed_commands_still_work_and_say_so(tmp_path, capsys):
