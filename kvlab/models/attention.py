@@ -169,6 +169,15 @@ def _active() -> dict:
     return _kernel
 
 
+def softmax(x):
+    """Softmax over the last axis (float32 accumulation) with the exp of the kernel in use: kvlab's
+    CPU kernel's where it is chosen, MLX's elsewhere. For attention weights computed outside a
+    model's attention (a press's scores), so they cost what the model's attention costs."""
+    if _active()["fn"] is cpu_attention.attention:
+        return cpu_attention.softmax(x)
+    return cpu_attention.mlx_softmax(x)
+
+
 def kernel_name() -> str:
     """The attention kernel in use: ``mlx`` (MLX's fused one), ``kvlab-cpu`` or the name given to
     ``set_kernel``."""

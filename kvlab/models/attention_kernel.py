@@ -254,3 +254,21 @@ def attend(q, k, kt, v, out, S, scale, mode, offset, bmask, amask, sinks, bq):
         for i in range(rows):
             for d in range(D):
                 out[b, h, i0 + i, d] = acc[i, d] * inv[i]
+
+
+@numba.njit(parallel=True, fastmath=FLAGS, cache=True)
+def softmax_rows(x, bits):
+    """Each row of the C-contiguous float32 matrix ``x`` replaced by its softmax, in place, with
+    ``_exp`` (MLX's CPU exp) and MLX's order: subtract the row's maximum, exponentiate, multiply
+    by the sum's reciprocal. A row of -inf becomes NaN, as MLX's. ``bits``: int32 scratch of x's
+    shape."""
+    for r in numba.prange(x.shape[0]):
+        row = x[r]
+        top = -np.inf
+        for j in range(row.shape[0]):
+            top = max(top, row[j])
+        for j in range(row.shape[0]):
+            row[j] = row[j] - top
+        scale = np.float32(1.0) / _exp(row, bits[r])
+        for j in range(row.shape[0]):
+            row[j] = row[j] * scale

@@ -54,6 +54,32 @@ def mlx_attention(queries, keys, values, *, scale, mask=None, sinks=None):
     return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale, mask=mask, sinks=sinks)
 
 
+def mlx_softmax(x):
+    """MLX's own softmax over the last axis (float32 accumulation)."""
+    return mx.softmax(x, axis=-1, precise=True)
+
+
+def softmax(x):
+    """``mx.softmax(x, axis=-1, precise=True)`` of a float32 array with the kernel's exp, on both
+    cores: attention weights a press reads (``kvlab.presses``) cost what the kernel's do, not
+    MLX's scalar exp. Anything else (half precision, a scalar, a call while tracing) is MLX's.
+
+    Example:
+        >>> x = mx.random.normal((9, 64, 1024))
+        >>> bool(mx.allclose(softmax(x), mlx_softmax(x), rtol=1e-5, atol=1e-7))
+        True
+    """
+    if x.dtype != mx.float32 or x.ndim == 0 or x.size == 0:
+        return mlx_softmax(x)
+    try:
+        rows = np.array(x, dtype=np.float32, copy=True, order="C")
+    except ValueError:  # inside mx.compile / vmap: nothing can be read here
+        return mlx_softmax(x)
+    flat = rows.reshape(-1, rows.shape[-1])
+    kernel.softmax_rows(flat, np.empty(flat.shape, np.int32))
+    return mx.array(rows)
+
+
 def warm() -> float:
     """Compile the kernel now (numba caches it on disk beside this module; ``kvlab prepare`` calls
     this so a first prefill, test or notebook does not wait for it). Returns the seconds taken.

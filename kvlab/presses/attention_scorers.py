@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 
 from ..errors import PressError
+from ..models import attention
 from .base import Needs, Press, View
 
 
@@ -40,7 +41,7 @@ def window_attention(view: View, q: mx.array) -> mx.array:
     qpos = mx.arange(view.length - w, view.length)[None, :, None]
     kpos = mx.repeat(view.positions, q.shape[0] // view.heads, axis=0)[:, None, :]
     logits = mx.where(kpos <= qpos, logits, -mx.inf)
-    return mx.softmax(logits, axis=-1, precise=True)
+    return attention.softmax(logits)
 
 
 def group_mean(x: mx.array, heads: int) -> mx.array:
@@ -148,7 +149,7 @@ class ExpectedAttention(Press):
         if self.use_covariance:
             cov = r @ stats.cov @ r.T                             # [Hq, D, D]
             scores = scores + mx.sum((k @ cov) * k, axis=-1) * view.scale ** 2 / 2
-        scores = group_mean(mx.softmax(scores, axis=-1, precise=True), view.heads)
+        scores = group_mean(attention.softmax(scores), view.heads)
         if self.use_vnorm:
             scores = (scores + self.epsilon) * mx.linalg.norm(view.values[:, self.n_sink:], axis=-1)
         sink = mx.broadcast_to(mx.max(scores) + 1, (view.heads, self.n_sink))

@@ -23,6 +23,7 @@ from __future__ import annotations
 import mlx.core as mx
 
 from ..errors import PressError
+from ..models import attention
 from ..primitives.display import summary_html
 from .base import Needs, QueryStats
 
@@ -143,8 +144,8 @@ def attention_sums(q: mx.array, k: mx.array, scale: float, start: int, sinks=Non
         logits = mx.where(mx.arange(k.shape[1])[None] <= qpos, logits, -mx.inf)
         if sinks is not None:
             sink = mx.broadcast_to(sinks.astype(mx.float32)[:, None, None], (hq, qb.shape[1], 1))
-            weights = mx.softmax(mx.concatenate([logits, sink], axis=-1), axis=-1, precise=True)[..., :-1]
+            weights = attention.softmax(mx.concatenate([logits, sink], axis=-1))[..., :-1]
         else:
-            weights = mx.softmax(logits, axis=-1, precise=True)
+            weights = attention.softmax(logits)
         total = total + mx.sum(weights, axis=1)
     return total

@@ -162,3 +162,28 @@ def test_a_row_gets_the_same_bits_whatever_block_it_is_in(window):
 
 def test_block_rows_keep_a_block_of_scores_in_cache():
     assert [cpu_attention.block_rows(s) for s in (1, 1024, 2048, 4096, 1 << 20)] == [64, 64, 32, 16, 4]
+
+
+def test_softmax_matches_mlx_on_masked_large_and_dead_rows():
+    """cpu_attention.softmax (a press's attention weights) against mx.softmax: logits up to +-200
+    (an exp without the row's maximum subtracted overflows), rows with -inf entries (masked keys:
+    0 exactly), a row of -inf only (NaN, as MLX), odd widths. Mutants caught: the maximum not
+    subtracted (inf/NaN rows), the sum's reciprocal left out (rows not summing to 1), a row's
+    scratch shared with another row's (rows mixed under prange)."""
+    x = RNG.standard_normal((3, 7, 333)).astype(np.float32) * 60
+    x[0, :, 200:] = -np.inf
+    x[1, 2, :] = -np.inf
+    x[2, :, ::5] += 140
+    got = np.asarray(cpu_attention.softmax(mx.array(x)))
+    want = np.asarray(cpu_attention.mlx_softmax(mx.array(x)))
+    assert np.array_equal(np.isnan(got), np.isnan(want)) and np.isnan(got[1, 2]).all()
+    assert (got[0, :, 200:] == 0).all()
+    assert float(np.nanmax(np.abs(got - want))) <= 1e-6
+    live = np.delete(got.reshape(-1, 333), 7 + 2, axis=0)
+    np.testing.assert_allclose(live.sum(-1), 1.0, atol=1e-5)
+
+
+def test_softmax_leaves_what_it_does_not_cover_to_mlx():
+    """Half precision is MLX's own result, bit for bit (kvlab computes float32 only)."""
+    x = mx.array(RNG.standard_normal((4, 50)).astype(np.float32)).astype(mx.bfloat16)
+    assert mx.array_equal(cpu_attention.softmax(x), cpu_attention.mlx_softmax(x)).item()
