@@ -112,7 +112,8 @@ def bench_time(model, repeats: int, tokens: int = TIME_TOKENS, names=SCORERS + W
                  "plain prefill, run just before (median (min-max) over repeats). The capture column is what "
                  "reading the prompt's queries adds to its prefill (window queries, attention sums, query "
                  "statistics): observed_attention recomputes every query's attention weights, as kvpress needs "
-                 "eager attention for it. Softmax runs at MLX's CPU exp speed (the exp table).",
+                 "eager attention for it. The attention weights' softmax uses the attention kernel's exp "
+                 "(kvlab.models.attention.softmax: kvlab's on Linux CPU, MLX's elsewhere).",
                  values=values)
 
 

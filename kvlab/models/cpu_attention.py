@@ -24,6 +24,8 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
+
 import numba
 import numpy as np
 
@@ -45,6 +47,8 @@ KEYS_AS_STORED_ROWS = 8
 # region waits for its slowest thread, and on a loaded machine that is a whole scheduler slice
 # (4-16 ms measured here for a decode step that takes 1 ms alone)
 PARALLEL_WORK = 1 << 24
+# the same for a softmax: values per call (an exp is about as much work as a 64-long dot product)
+PARALLEL_SOFTMAX = PARALLEL_WORK >> 6
 _PLACEHOLDER = {np.dtype(np.bool_): np.ones((1, 1, 1, 1), np.bool_),
                 np.dtype(np.float32): np.zeros((1, 1, 1, 1), np.float32)}
 
@@ -76,7 +80,8 @@ def softmax(x):
     except ValueError:  # inside mx.compile / vmap: nothing can be read here
         return mlx_softmax(x)
     flat = rows.reshape(-1, rows.shape[-1])
-    kernel.softmax_rows(flat, np.empty(flat.shape, np.int32))
+    with _threads(parallel=flat.size >= PARALLEL_SOFTMAX):
+        kernel.softmax_rows(flat, np.empty(flat.shape, np.int32))
     return mx.array(rows)
 
 
@@ -180,11 +185,18 @@ def attention(queries, keys, values, *, scale, mask=None, sinks=None):
     else:
         kt = np.ascontiguousarray(np.swapaxes(k[:, :, :S], 2, 3))
     out = np.empty(q.shape, np.float32)
-    threads = numba.get_num_threads()
-    if B * Hq * L * (S - L // 2) * q.shape[3] < PARALLEL_WORK:
-        numba.set_num_threads(1)  # this thread's setting only
-    try:
+    with _threads(parallel=B * Hq * L * (S - L // 2) * q.shape[3] >= PARALLEL_WORK):
         kernel.attend(q, k, kt, v, out, S, np.float32(scale), mode, S - L, bmask, amask, sink, block_rows(S))
+    return mx.array(out)
+
+
+@contextlib.contextmanager
+def _threads(parallel: bool):
+    """numba's threads for this block: all of them, or this thread alone (this thread's setting only)."""
+    threads = numba.get_num_threads()
+    if not parallel:
+        numba.set_num_threads(1)
+    try:
+        yield
     finally:
         numba.set_num_threads(threads)
-    return mx.array(out)
