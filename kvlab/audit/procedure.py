@@ -21,13 +21,15 @@ the measured hit times moved toward the misses by the measured time saved per sh
 every token less shared, until the test stops rejecting (``smallest_shared``).
 
 Profiles: ``faithful`` is the paper's (5000 letters, 250 + 250, fractions 1.0 and 0.95, repeats 1,
-5, 25); ``fast`` runs in well under a minute a level on a tiny model here (500 letters, 30 + 30,
+5, 25); ``fast`` runs in well under a minute a level on a tiny model here (1000 letters, 30 + 30,
 95% shared, one victim request): it rejects only at D+ >= 0.73 (``critical_d(30, 30, 5e-9)``)
 where faithful rejects at 0.27, so it detects a sharing server only when the hit probes' CDF rises
 0.73 above the misses' somewhere (measured here, tiny model, load average 6-8 on 2 cores: D+ 0.90
 to 1.0 against mlx_lm.server, vllm-mlx and kvlab serve). Random delays hit both kinds alike (one
 shuffled order), so a loaded machine lowers D+ but cannot raise it: "not detected" needs nothing
-from the machine, "shared" needs hits to stay ~3x faster than misses (500 letters: ~70 vs ~200 ms).
+from the machine, "shared" needs hits to stay well ahead of misses: at 1000 letters on the tiny model,
+hits take ~12 ms and misses ~65 ms, a gap of several scheduler slices (at 500 letters, with kvlab's
+CPU attention kernel, the gap was 16 ms, and two test suites at once on 2 cores closed it).
 
 Example:
     >>> report = audit("http://127.0.0.1:8080", "victim-key", "attacker-key", profile="fast")
@@ -72,7 +74,7 @@ class Profile:
 
 
 PROFILES = {"faithful": Profile("faithful", 5000, 250, (1.0, 0.95), (1, 5, 25)),
-            "fast": Profile("fast", 500, 30, (0.95,), (1,))}
+            "fast": Profile("fast", 1000, 30, (0.95,), (1,))}
 
 
 @dataclass

@@ -23,7 +23,7 @@ def register(sub) -> None:
                    help="what the attacker's key is to the victim's (may repeat; default: same-key, "
                    "and cross-tenant when the keys differ)")
     s.add_argument("--profile", default="fast", choices=list(PROFILES),
-                   help="fast (500 letters, 30+30 samples: detects D+ >= 0.73) or faithful (the paper's: "
+                   help="fast (1000 letters, 30+30 samples: detects D+ >= 0.73) or faithful (the paper's: "
                    "5000 letters, 250+250, fractions 1 and 0.95, victim x1/x5/x25)")
     s.add_argument("--model", default=None, help="the model name to request (default: the server's first)")
     s.add_argument("--seed", type=int, default=0, help="seed of the random prompts and the sample order")

@@ -4,8 +4,9 @@ and by metadata; kvlab serve without tenants shares; kvlab serve with ``--api-ke
 across tenants while the same key is still detected (the positive control).
 
 The fast profile rejects only at D+ >= 0.73 (30 + 30 samples, alpha 1e-8 over two measures): the
-hit probes restore ~475 of ~500 tokens, the misses prefill them all (~3x slower on the tiny model;
-measured here at load average 6-8: D+ 0.90-1.0). A loaded machine delays hit
+hit probes restore ~950 of ~1000 tokens, the misses prefill them all (~65 ms against ~12 ms on the
+tiny model with kvlab's CPU attention; measured here with four busy loops beside: D+ 0.90-1.0; at
+500 letters the gap was 16 ms and two test suites at once closed it). A loaded machine delays hit
 and miss probes alike (one shuffled order), which can only lower D+; "not detected" needs nothing
 from the machine. Every server runs on loopback and is stopped by the fixture that started it
 (peers by process id).

@@ -81,9 +81,14 @@ def test_rate_arrivals_and_duration_cap(server):
     r = kv.generate_load(server.url, "shared_system_prompt", rate=20.0, duration=1.0, users=200,
                      system_tokens=672, max_tokens=2, seed=5, progress=False)
     f = r.frame
+    # Only what the clock cannot change is asserted exactly: an arrival due near the cap may be
+    # dropped when the event loop wakes late on a busy machine (asserted: not one due 250 ms before it).
+    # Mutants caught: the cap ignored (all 200 arrivals sent), requests sent before their arrival,
+    # arrivals not the planned Poisson process, a cap that stops at half the duration.
     planned = [a for a in loadgen._arrivals([None] * 200, 20.0, 5) if a < 1.0]
-    assert abs(f.height - len(planned)) <= 1                 # every arrival before the cap, no more
-    assert f["start_s"].max() < 1.0 + 0.05
+    well_before = sum(a < 0.75 for a in planned)
+    assert well_before <= f.height <= len(planned)            # no arrival past the cap is ever sent
+    assert (f["scheduled_s"] < 1.0).all()
     assert (f["start_s"] >= f["scheduled_s"] - 1e-3).all()   # never sent before its arrival
     assert sorted(f["scheduled_s"].to_list()) == pytest.approx(planned[: f.height], abs=1e-9)
 
