@@ -8,8 +8,10 @@ hit probes restore ~950 of ~1000 tokens, the misses prefill them all (~65 ms aga
 tiny model with kvlab's CPU attention; measured here with four busy loops beside: D+ 0.90-1.0; at
 500 letters the gap was 16 ms and two test suites at once closed it). A loaded machine delays hit
 and miss probes alike (one shuffled order), which can only lower D+; "not detected" needs nothing
-from the machine. Every server runs on loopback and is stopped by the fixture that started it
-(peers by process id).
+from the machine. Every server runs on loopback. The shared-cache servers and the proxy run in
+their own processes, as the peers do, stopped by process id when their block ends (a server inside
+the pytest worker shares its GIL with the audit's client, and two suites at once on 2 cores then
+hid the positive controls); the tenant server runs in this process (stopped by its fixture).
 
 Mutants caught: a kvlab serve that keys requests without their tenant's salt (cross-tenant:
 "shared" and a metadata leak); an audit whose hit probes share nothing with the victim's prompt
@@ -23,14 +25,13 @@ import pytest
 
 from kvlab.audit import audit
 from kvlab.cli import main
-from kvlab.serving.peers import start_mlx_lm, start_vllm_mlx
+from kvlab.serving.peers import start_kvlab_proxy, start_kvlab_serve, start_mlx_lm, start_vllm_mlx
 
 pytestmark = [pytest.mark.serving, pytest.mark.model]
 
 
-def test_mlx_lm_server_shares_across_keys_through_a_proxy(tiny, proxied):
-    with start_mlx_lm(tiny) as peer:
-        p = proxied(peer.url)
+def test_mlx_lm_server_shares_across_keys_through_a_proxy(tiny):
+    with start_mlx_lm(tiny) as peer, start_kvlab_proxy(peer.url) as p:
         report = audit(p.url, "victim", "attacker", levels=["cross-tenant"], profile="fast")
     (lv,) = report.levels
     assert lv.verdict == "shared" and lv.metadata_leak and "cached_tokens" in lv.metadata
@@ -47,14 +48,16 @@ def test_vllm_mlx_shares_across_keys():
     assert "/v1/cache/stats.engine_cache.hits" in lv.metadata
 
 
-def test_kvlab_serve_without_tenants_shares(start):
-    server = start("radix")
-    report = audit(server.url, "victim", "attacker", levels=["cross-tenant"], profile="fast")
+def test_kvlab_serve_without_tenants_shares(tiny):
+    with start_kvlab_serve(tiny, "radix") as server:
+        report = audit(server.url, "victim", "attacker", levels=["cross-tenant"], profile="fast")
     (lv,) = report.levels
     assert lv.verdict == "shared" and lv.metadata_leak
 
 
 def test_kvlab_serve_with_tenants_shares_nothing_across_them(start, tmp_path):
+    # in this process: a child kvlab serve with --api-keys answers /health only with a key, which
+    # the launcher does not send (every route is behind the key)
     server = start("radix", api_keys={"ka": "alice", "kb": "bob"}, tenant_secret=tmp_path / "secret")
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
