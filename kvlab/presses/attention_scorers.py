@@ -61,14 +61,12 @@ def avg_pool(x: mx.array, kernel: int) -> mx.array:
 
 
 @dataclass(frozen=True, repr=False)
-class SnapKV(Press):
+class SnapKV(Press, name="snapkv", query_aware=True,
+             rule="mean attention of the last queries over earlier rows, pooled, averaged per GQA group; the window kept"):
     """kvpress SnapKVPress (module docstring)."""
 
     window_size: int = 64
     kernel_size: int = 5
-    name = "snapkv"
-    rule = "mean attention of the last queries over earlier rows, pooled, averaged per GQA group; the window kept"
-    query_aware = True
 
     @property
     def needs(self) -> Needs:
@@ -88,12 +86,9 @@ class SnapKV(Press):
 
 
 @dataclass(frozen=True, repr=False)
-class TOVA(Press):
+class TOVA(Press, name="tova", query_aware=True,
+           rule="the last query's attention averaged over all heads (one set for every head); the last row kept"):
     """kvpress TOVAPress (module docstring): the last query's attention, mean over all heads."""
-
-    name = "tova"
-    rule = "the last query's attention averaged over all heads (one set for every head); the last row kept"
-    query_aware = True
 
     @property
     def needs(self) -> Needs:
@@ -107,12 +102,9 @@ class TOVA(Press):
 
 
 @dataclass(frozen=True, repr=False)
-class ObservedAttention(Press):
+class ObservedAttention(Press, name="observed_attention", query_aware=True,
+                        rule="attention each row received from every prompt query (H2O), per GQA group"):
     """kvpress ObservedAttentionPress (H2O; module docstring)."""
-
-    name = "observed_attention"
-    rule = "attention each row received from every prompt query (H2O), per GQA group"
-    query_aware = True
 
     @property
     def needs(self) -> Needs:
@@ -123,7 +115,8 @@ class ObservedAttention(Press):
 
 
 @dataclass(frozen=True, repr=False)
-class ExpectedAttention(Press):
+class ExpectedAttention(Press, name="expected_attention",
+                        rule="expected softmax under a Gaussian model of future queries, times the value norm; sinks kept"):
     """kvpress ExpectedAttentionPress (module docstring)."""
 
     n_future_positions: int = 512
@@ -131,8 +124,6 @@ class ExpectedAttention(Press):
     use_covariance: bool = True
     use_vnorm: bool = True
     epsilon: float = 0.0
-    name = "expected_attention"
-    rule = "expected softmax under a Gaussian model of future queries, times the value norm; sinks kept"
 
     @property
     def needs(self) -> Needs:

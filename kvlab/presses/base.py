@@ -193,6 +193,15 @@ class Press:
     rule: ClassVar[str] = ""
     query_aware: ClassVar[bool] = False
 
+    def __init_subclass__(cls, *, name: str | None = None, rule: str | None = None,
+                          query_aware: bool | None = None, **kw):
+        """A press of the catalogue states what it is in its header:
+        ``class KNorm(Press, name="knorm", rule="keeps the rows with the lowest key norms")``."""
+        super().__init_subclass__(**kw)
+        for attr, value in (("name", name), ("rule", rule), ("query_aware", query_aware)):
+            if value is not None:
+                setattr(cls, attr, value)
+
     def __post_init__(self):
         check_ratio(self.ratio, self.name)
 

@@ -36,14 +36,13 @@ def code_digest(fn: Callable) -> str:
 
 
 @dataclass(frozen=True, repr=False)
-class FunctionPress(Press):
+class FunctionPress(Press, rule="a scorer written as a function of keys, values and the window's queries"):
     """A scorer press from ``fn(keys, values, queries) -> [H, S]`` (module docstring)."""
 
     fn: Callable | None = field(default=None, compare=False)
     label: str = "custom"
     window: int = 0
     digest: str = ""
-    rule = "a scorer written as a function of keys, values and the window's queries"
 
     def __post_init__(self):
         if not callable(self.fn):

@@ -18,24 +18,21 @@ from .base import Press, View
 
 
 @dataclass(frozen=True, repr=False)
-class Random(Press):
+class Random(Press, name="random", rule="keeps random rows (a baseline)"):
     """kvpress RandomPress: uniform random scores (a baseline); ``seed`` and the layer pick them."""
 
     seed: int = 0
-    name = "random"
-    rule = "keeps random rows (a baseline)"
 
     def score(self, view: View) -> mx.array:
         return mx.random.uniform(shape=(view.heads, view.rows), key=mx.random.key(self.seed * 100_003 + view.layer))
 
 
 @dataclass(frozen=True, repr=False)
-class StreamingLLM(Press):
+class StreamingLLM(Press, name="streaming_llm",
+                   rule="keeps the first rows (attention sinks) and the most recent ones"):
     """kvpress StreamingLLMPress: the first ``n_sink`` rows (attention sinks) and the most recent."""
 
     n_sink: int = 4
-    name = "streaming_llm"
-    rule = "keeps the first rows (attention sinks) and the most recent ones"
 
     def score(self, view: View) -> mx.array:
         s = view.rows
@@ -48,22 +45,16 @@ class StreamingLLM(Press):
 
 
 @dataclass(frozen=True, repr=False)
-class KNorm(Press):
+class KNorm(Press, name="knorm", rule="keeps the rows with the lowest key norms"):
     """kvpress KnormPress: keeps the *lowest* key norms (mlx-lm #963 kept the highest: inverted)."""
-
-    name = "knorm"
-    rule = "keeps the rows with the lowest key norms"
 
     def score(self, view: View) -> mx.array:
         return -mx.linalg.norm(view.keys, axis=-1)
 
 
 @dataclass(frozen=True, repr=False)
-class KeyDiff(Press):
+class KeyDiff(Press, name="keydiff", rule="keeps the keys least like the average key (cosine)"):
     """kvpress KeyDiffPress: keeps the keys least similar (cosine) to the mean normalised key."""
-
-    name = "keydiff"
-    rule = "keeps the keys least like the average key (cosine)"
 
     def score(self, view: View) -> mx.array:
         k = view.keys
@@ -75,7 +66,8 @@ class KeyDiff(Press):
 
 
 @dataclass(frozen=True, repr=False)
-class LagKV(Press):
+class LagKV(Press, name="lagkv",
+            rule="keeps rows whose keys and values stray most from the next partition's range"):
     """kvpress LagKVPress: rows scored within each partition of ``lag_size`` by how far their keys
     and values stray from the next partition's range (min-max normalised, std over channels);
     sinks and the last partitions kept."""
@@ -83,8 +75,6 @@ class LagKV(Press):
     n_sink: int = 4
     lag_size: int = 128
     cross_scoring: bool = False
-    name = "lagkv"
-    rule = "keeps rows whose keys and values stray most from the next partition's range"
 
     def score(self, view: View) -> mx.array:
         h, s = view.heads, view.rows

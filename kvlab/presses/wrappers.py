@@ -62,13 +62,12 @@ class Wrapper(Press):
 
 
 @dataclass(frozen=True, repr=False)
-class Pyramid(Wrapper):
+class Pyramid(Wrapper, name="pyramid",
+              rule="a budget per layer shaped like a pyramid (more rows in low layers), rows by the inner press"):
     """kvpress PyramidKVPress, with any scorer (SnapKV by default)."""
 
     window_size: int = 64
     beta: int = 20
-    name = "pyramid"
-    rule = "a budget per layer shaped like a pyramid (more rows in low layers), rows by the inner press"
 
     def budget(self, view: View) -> int:
         if self.beta < 1:
@@ -92,12 +91,11 @@ class Pyramid(Wrapper):
 
 
 @dataclass(frozen=True, repr=False)
-class ChunkKV(Wrapper):
+class ChunkKV(Wrapper, name="chunkkv",
+              rule="whole chunks of rows, chunks ranked by the inner press's mean score (the same for every head)"):
     """kvpress ChunkKVPress."""
 
     chunk_length: int = 20
-    name = "chunkkv"
-    rule = "whole chunks of rows, chunks ranked by the inner press's mean score (the same for every head)"
 
     def select(self, view: View) -> mx.array:
         if self.ratio == 0:
@@ -118,14 +116,13 @@ class ChunkKV(Wrapper):
 
 
 @dataclass(frozen=True, repr=False)
-class AdaKV(Wrapper):
+class AdaKV(Wrapper, name="adakv",
+            rule="the lowest scores across all heads of a layer pruned (head-wise budgets), a share per head "
+                 "protected; pruned rows masked, no memory freed (compact=True: freed down to the largest head)"):
     """kvpress AdaKVPress: head-wise budgets (module docstring: what it frees)."""
 
     alpha_safeguard: float = 0.20
     compact: bool = False
-    name = "adakv"
-    rule = ("the lowest scores across all heads of a layer pruned (head-wise budgets), a share per head "
-            "protected; pruned rows masked, no memory freed (compact=True: freed down to the largest head)")
 
     @property
     def masks_in_place(self) -> bool:  # type: ignore[override]
@@ -157,12 +154,10 @@ class AdaKV(Wrapper):
 
 
 @dataclass(frozen=True, repr=False)
-class Composed(Press):
+class Composed(Press, name="composed", rule="presses applied in turn, each on the rows the previous kept"):
     """kvpress ComposedPress: ``presses`` applied one after another."""
 
     presses: tuple = ()
-    name = "composed"
-    rule = "presses applied in turn, each on the rows the previous kept"
 
     def __post_init__(self):
         object.__setattr__(self, "presses", tuple(self.presses))
@@ -194,12 +189,10 @@ class Composed(Press):
 
 
 @dataclass(frozen=True, repr=False)
-class PerLayer(Wrapper):
+class PerLayer(Wrapper, name="per_layer", rule="the inner press with a ratio per layer"):
     """kvpress PerLayerCompressionPress: ``press`` with ``ratios[layer]``."""
 
     ratios: tuple = ()
-    name = "per_layer"
-    rule = "the inner press with a ratio per layer"
 
     def __post_init__(self):
         object.__setattr__(self, "ratios", tuple(float(r) for r in self.ratios))
@@ -220,14 +213,13 @@ class PerLayer(Wrapper):
 
 
 @dataclass(frozen=True, repr=False)
-class Decoding(Wrapper):
+class Decoding(Wrapper, name="decoding",
+               rule="the inner press on the prompt, then again every N decoded tokens down to a target"):
     """``press`` on the prompt, then every ``every`` decoded tokens the layer is compressed again
     to ``target`` rows by ``press``'s scores (``kvlab.presses.decoding``)."""
 
     every: int = 512
     target: int = 2048
-    name = "decoding"
-    rule = "the inner press on the prompt, then again every N decoded tokens down to a target"
 
     def __post_init__(self):
         super().__post_init__()

@@ -19,6 +19,7 @@ import socket
 import subprocess
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -137,9 +138,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(name, mode, folder, port, cmd, env, home, timeout) -> PeerServer:
+def launch(name, mode, folder, port, cmd, env, home, timeout, *, health_key: str | None = None) -> PeerServer:
     """Start ``cmd`` in its own process group (stdout and stderr to a log) and wait until
-    ``/health`` on 127.0.0.1:``port`` answers 200; a PeerError with the log's tail if it exits or
+    ``/health`` on 127.0.0.1:``port`` answers 200 (asked with ``Authorization: Bearer
+    health_key`` when the server keys every route); a PeerError with the log's tail if it exits or
     times out first."""
     logdir = Path(tempfile.mkdtemp(prefix=f"kvlab-{name}-log-"))
     log_path = logdir / "server.log"
@@ -148,6 +150,8 @@ def launch(name, mode, folder, port, cmd, env, home, timeout) -> PeerServer:
                                 env=env, start_new_session=True)
     server = PeerServer(name, mode, Path(folder), port, proc, log_path, home, tuple(cmd))
     _LIVE[proc.pid] = server
+    health = urllib.request.Request(f"{server.url}/health",
+                                    headers={"Authorization": f"Bearer {health_key}"} if health_key else {})
     deadline = timing.deadline(timeout)
     while True:
         if not server.running:
@@ -155,9 +159,14 @@ def launch(name, mode, folder, port, cmd, env, home, timeout) -> PeerServer:
             raise PeerError(f"{name} exited with code {proc.returncode} before it served; "
                             f"its log ends:\n{server.log(tail=25)}")
         try:
-            with urllib.request.urlopen(f"{server.url}/health", timeout=2) as r:
+            with urllib.request.urlopen(health, timeout=2) as r:
                 if r.status == 200:
                     return server
+        except urllib.error.HTTPError as e:
+            if e.code in (401, 403):
+                server.stop()
+                raise PeerError(f"{name} answered /health with {e.code}: it keys every route; pass one of "
+                                f"its keys as health_key") from e
         except OSError:
             pass
         if deadline.expired():

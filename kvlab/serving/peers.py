@@ -100,10 +100,13 @@ def start_mlx_lm(model="tiny", *, port: int | None = None, prompt_cache_size: in
 
 
 def start_kvlab_serve(model="tiny", store: str = "radix", *, budget=None, port: int | None = None,
-                      dtype: str | None = None, extra_args=(), timeout: float = 120.0) -> PeerServer:
+                      dtype: str | None = None, extra_args=(), health_key: str | None = None,
+                      timeout: float = 120.0) -> PeerServer:
     """Start ``kvlab serve`` as a child process, like the peers, so a benchmark's client never
     shares a process (and its GIL) with the server it measures. It runs ``dtype``, else the dtype
-    of ``model`` when that is a loaded kvlab model, else the folder's stored dtype.
+    of ``model`` when that is a loaded kvlab model, else the folder's stored dtype. A server
+    started with ``--api-key``/``--api-keys`` in ``extra_args`` keys every route, ``/health``
+    included: pass one of its keys as ``health_key``.
 
     Example:
         >>> with start_kvlab_serve("tiny", "paged", budget="64MiB") as srv:
@@ -121,7 +124,7 @@ def start_kvlab_serve(model="tiny", store: str = "radix", *, budget=None, port: 
     root = str(Path(__file__).resolve().parents[2])  # the child imports this same kvlab
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
     cmd = [sys.executable, "-m", "kvlab.cli", *args, *map(str, extra_args)]
-    return launch("kvlab serve", store, Path(name), port, cmd, env, None, timeout)
+    return launch("kvlab serve", store, Path(name), port, cmd, env, None, timeout, health_key=health_key)
 
 
 def start_kvlab_proxy(upstream: str, *, tokenizer=None, port: int | None = None,

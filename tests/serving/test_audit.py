@@ -8,10 +8,10 @@ hit probes restore ~950 of ~1000 tokens, the misses prefill them all (~65 ms aga
 tiny model with kvlab's CPU attention; measured here with four busy loops beside: D+ 0.90-1.0; at
 500 letters the gap was 16 ms and two test suites at once closed it). A loaded machine delays hit
 and miss probes alike (one shuffled order), which can only lower D+; "not detected" needs nothing
-from the machine. Every server runs on loopback. The shared-cache servers and the proxy run in
-their own processes, as the peers do, stopped by process id when their block ends (a server inside
-the pytest worker shares its GIL with the audit's client, and two suites at once on 2 cores then
-hid the positive controls); the tenant server runs in this process (stopped by its fixture).
+from the machine. Every server runs on loopback. Every server and the proxy run in their own
+processes, as the peers do, stopped by process id when their block ends (a server inside the
+pytest worker shares its GIL with the audit's client, and two suites at once on 2 cores then hid
+the positive controls); the tenant server is asked for /health with one of its keys.
 
 Mutants caught: a kvlab serve that keys requests without their tenant's salt (cross-tenant:
 "shared" and a metadata leak); an audit whose hit probes share nothing with the victim's prompt
@@ -55,12 +55,13 @@ def test_kvlab_serve_without_tenants_shares(tiny):
     assert lv.verdict == "shared" and lv.metadata_leak
 
 
-def test_kvlab_serve_with_tenants_shares_nothing_across_them(start, tmp_path):
-    # in this process: a child kvlab serve with --api-keys answers /health only with a key, which
-    # the launcher does not send (every route is behind the key)
-    server = start("radix", api_keys={"ka": "alice", "kb": "bob"}, tenant_secret=tmp_path / "secret")
+def test_kvlab_serve_with_tenants_shares_nothing_across_them(tiny, tmp_path):
+    keys = tmp_path / "keys"
+    keys.write_text("ka alice\nkb bob\n")
+    tenants = ["--api-keys", keys, "--tenant-secret", tmp_path / "secret"]
     out = io.StringIO()
-    with contextlib.redirect_stdout(out):
+    with start_kvlab_serve(tiny, "radix", extra_args=tenants, health_key="ka") as server, \
+            contextlib.redirect_stdout(out):
         assert main(["audit", server.url, "--victim-key", "ka", "--attacker-key", "kb", "--profile", "fast",
                      "--json"]) == 0
     report = json.loads(out.getvalue())

@@ -81,3 +81,18 @@ def test_the_peers_venv_is_made_once(monkeypatch):
     assert peers.ensure_peers_venv() == path  # the stamp says it is there: nothing runs
     monkeypatch.setenv("KVLAB_PEERS_VENV", str(path))
     assert peers.peers_venv() == path
+
+
+def test_a_keyed_kvlab_serve_is_asked_for_health_with_its_key(tmp_path):
+    """A child ``kvlab serve --api-keys`` keys /health too: started with one of its keys it serves;
+    started without, the launcher stops it at the first 401 and says to pass a key, rather than
+    waiting out its timeout. Mutant caught: a probe that drops ``health_key`` (the first start
+    fails) or one that treats 401 as "not up yet" (the second waits 120 s and reports a timeout)."""
+    keys = tmp_path / "keys"
+    keys.write_text("ka alice\n")
+    tenants = ["--api-keys", keys, "--tenant-secret", tmp_path / "secret"]
+    with peers.start_kvlab_serve("tiny", "radix", extra_args=tenants, health_key="ka") as server:
+        assert server.running
+    assert not server.running
+    with pytest.raises(peers.PeerError, match="answered /health with 401: it keys every route; pass one"):
+        peers.start_kvlab_serve("tiny", "radix", extra_args=tenants, timeout=120.0)
