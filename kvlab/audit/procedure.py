@@ -21,15 +21,21 @@ the measured hit times moved toward the misses by the measured time saved per sh
 every token less shared, until the test stops rejecting (``smallest_shared``).
 
 Profiles: ``faithful`` is the paper's (5000 letters, 250 + 250, fractions 1.0 and 0.95, repeats 1,
-5, 25); ``fast`` runs in well under a minute a level on a tiny model here (1000 letters, 30 + 30,
+5, 25); ``fast`` runs in well under a minute a level on a tiny model here (2000 letters, 30 + 30,
 95% shared, one victim request): it rejects only at D+ >= 0.73 (``critical_d(30, 30, 5e-9)``)
 where faithful rejects at 0.27, so it detects a sharing server only when the hit probes' CDF rises
 0.73 above the misses' somewhere (measured here, tiny model, load average 6-8 on 2 cores: D+ 0.90
 to 1.0 against mlx_lm.server, vllm-mlx and kvlab serve). Random delays hit both kinds alike (one
 shuffled order), so a loaded machine lowers D+ but cannot raise it: "not detected" needs nothing
-from the machine, "shared" needs hits to stay well ahead of misses: at 1000 letters on the tiny model,
-hits take ~12 ms and misses ~65 ms, a gap of several scheduler slices (at 500 letters, with kvlab's
-CPU attention kernel, the gap was 16 ms, and two test suites at once on 2 cores closed it).
+from the machine, "shared" needs hits to stay well ahead of misses. On the tiny model with kvlab's
+CPU attention, at load average ~9 on 2 cores: at 2000 letters the slowest hit took 255 ms and the
+fastest miss 340 ms (quiet: hits ~25 ms, misses ~180 ms); at 1000 letters the two overlapped (334
+against 230 ms) and two test suites at once hid the positive control; at 500 letters a quiet
+machine's gap was 16 ms.
+
+Each run draws fresh prompts (``seed=None``: a new seed, recorded in the report): a second run
+with the prompts of the first would find its miss probes cached by the first and read "not
+detected" against a sharing server.
 
 Example:
     >>> report = audit("http://127.0.0.1:8080", "victim-key", "attacker-key", profile="fast")
@@ -74,7 +80,7 @@ class Profile:
 
 
 PROFILES = {"faithful": Profile("faithful", 5000, 250, (1.0, 0.95), (1, 5, 25)),
-            "fast": Profile("fast", 1000, 30, (0.95,), (1,))}
+            "fast": Profile("fast", 2000, 30, (0.95,), (1,))}
 
 
 @dataclass
@@ -115,11 +121,13 @@ class Level:
 
 @dataclass
 class Report:
-    """An audit's outcome: the target, the profile, one Level per level asked."""
+    """An audit's outcome: the target, the profile, one Level per level asked, and the seed its
+    prompts and sample order were drawn with (``audit(seed=...)`` repeats them)."""
 
     target: str
     profile: Profile
     levels: list[Level]
+    seed: int
 
     @property
     def smallest_detectable_tokens(self) -> int | None:
@@ -127,8 +135,8 @@ class Report:
         return min(found) if found else None
 
     def to_json(self) -> dict:
-        """``{"target", "profile", "levels": [...], "smallest_detectable_shared_tokens"}``."""
-        return {"target": self.target, "profile": self.profile.name,
+        """``{"target", "profile", "seed", "levels": [...], "smallest_detectable_shared_tokens"}``."""
+        return {"target": self.target, "profile": self.profile.name, "seed": self.seed,
                 "levels": [lv.to_json() for lv in self.levels],
                 "smallest_detectable_shared_tokens": self.smallest_detectable_tokens}
 
@@ -143,15 +151,17 @@ class Report:
                  f"{lv.p:.2g}" if lv.p is not None else "",
                  _ms(_median(lv.hit)), _ms(_median(lv.miss)), len(lv.hit) + len(lv.miss), lv.metadata_leak]
                 for lv in self.levels]
-        return summary_html("kvlab audit", self.target, repr(self.profile), body=table_html(
+        return summary_html("kvlab audit", self.target, repr(self.profile), f"seed {self.seed}", body=table_html(
             ("level", "verdict", "measure", "D+", "p", "hit median", "miss median", "samples", "metadata leak"), rows))
 
 
 def audit(url: str, victim_key: str | None, attacker_key: str | None = None, *, levels=None,
-          profile="fast", seed: int = 0, model: str | None = None, progress=None) -> Report:
+          profile="fast", seed: int | None = None, model: str | None = None, progress=None) -> Report:
     """Run the audit (module docstring) against ``url``. ``levels``: default ``same-key`` (the
     positive control) and, with an attacker key that differs, ``cross-tenant``. ``profile``: a
-    name in :data:`PROFILES` or a :class:`Profile`. ``progress(message)`` hears each step."""
+    name in :data:`PROFILES` or a :class:`Profile`. ``seed``: of the random prompts and the sample
+    order; None draws a new one (module docstring: why a rerun must not repeat its prompts).
+    ``progress(message)`` hears each step."""
     prof = PROFILES.get(profile) if isinstance(profile, str) else profile
     if prof is None:
         raise KvlabError(f"unknown audit profile {profile!r}; use one of {', '.join(PROFILES)}")
@@ -162,6 +172,8 @@ def audit(url: str, victim_key: str | None, attacker_key: str | None = None, *, 
             raise KvlabError(f"unknown audit level {lv!r}; use one of {', '.join(LEVELS)}")
         if lv != "same-key" and not attacker_key:
             raise KvlabError(f"level {lv} needs --attacker-key (a second key)")
+    if seed is None:
+        seed = random.SystemRandom().randrange(2**32)
     rng = random.Random(seed)
     say = progress or (lambda msg: None)
     victim = Probe(url, victim_key, model=model)
@@ -174,7 +186,7 @@ def audit(url: str, victim_key: str | None, attacker_key: str | None = None, *, 
             timing_verdict(result, victim, probe, prof, rng, say)
             metadata_verdict(result, prof.metadata_pairs)
             out.append(result)
-        return Report(victim.url, prof, out)
+        return Report(victim.url, prof, out, seed)
     finally:
         victim.close()
         if attacker is not victim:

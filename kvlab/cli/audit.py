@@ -23,10 +23,12 @@ def register(sub) -> None:
                    help="what the attacker's key is to the victim's (may repeat; default: same-key, "
                    "and cross-tenant when the keys differ)")
     s.add_argument("--profile", default="fast", choices=list(PROFILES),
-                   help="fast (1000 letters, 30+30 samples: detects D+ >= 0.73) or faithful (the paper's: "
+                   help="fast (2000 letters, 30+30 samples: detects D+ >= 0.73) or faithful (the paper's: "
                    "5000 letters, 250+250, fractions 1 and 0.95, victim x1/x5/x25)")
     s.add_argument("--model", default=None, help="the model name to request (default: the server's first)")
-    s.add_argument("--seed", type=int, default=0, help="seed of the random prompts and the sample order")
+    s.add_argument("--seed", type=int, default=None,
+                   help="seed of the random prompts and the sample order (default: a new one each run, "
+                   "printed with the report; a rerun with an old seed finds its misses cached)")
     s.add_argument("--json", action="store_true", help="the report as one JSON object")
     s.set_defaults(func=run)
 
@@ -42,7 +44,7 @@ def run(args) -> int:
     if args.json:
         print(json.dumps(report.to_json(), indent=2))
         return 0
-    print(f"{report.target} · profile {report.profile!r}")
+    print(f"{report.target} · profile {report.profile!r} · seed {report.seed}")
     for lv in report.levels:
         row = lv.to_json()
         print(f"  {lv.level:>12}: {lv.verdict:<12} D+ {row['ks_d']:.2f}  p {row['p']:.2g}"
