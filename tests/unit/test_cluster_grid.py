@@ -15,8 +15,9 @@ def test_dask_grid_equals_local_run():
     grid = {"router": ["round_robin", "llmd_weighted"], "view": ["precise", "stale:2"], "instances": [2, 3],
             "capacity_tokens": [2**17], "load": [1.0, 4.0]}
     local = cluster_grid(trace, grid)
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
-                                  dashboard_address=None) as cluster:
+    # every listener on loopback (processes=False alone listens on all interfaces, its dashboard on :8787)
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False, protocol="tcp://",
+                                  host="127.0.0.1", dashboard_address="127.0.0.1:0") as cluster:
         remote = cluster_grid(trace, grid, scheduler=cluster.scheduler_address)
     assert local.height == 16
     # catches a grid that reorders points or loses one on a worker: every column equal but wall time

@@ -223,7 +223,7 @@ def test_grid_2x2_in_processes_and_on_dask(notebook, tmp_path):
 
     distributed = pytest.importorskip("distributed")
     with distributed.LocalCluster(processes=True, n_workers=2, threads_per_worker=1, host="127.0.0.1",
-                                  dashboard_address=None) as cluster:
+                                  dashboard_address="127.0.0.1:0") as cluster:  # no fixed port to collide on
         remote = nb_grid.run_grid(notebook, grid, out_dir=tmp_path / "dask", scheduler=cluster.scheduler_address,
                               html_export=False)
     assert _check_grid_frame(remote).equals(local)
