@@ -24,8 +24,8 @@ Profiles: ``faithful`` is the paper's (5000 letters, 250 + 250, fractions 1.0 an
 5, 25); ``fast`` runs in well under a minute a level on a tiny model here (2000 letters, 30 + 30,
 95% shared, one victim request): it rejects only at D+ >= 0.73 (``critical_d(30, 30, 5e-9)``)
 where faithful rejects at 0.27, so it detects a sharing server only when the hit probes' CDF rises
-0.73 above the misses' somewhere (measured here, tiny model, load average 6-8 on 2 cores: D+ 0.90
-to 1.0 against mlx_lm.server, vllm-mlx and kvlab serve). Random delays hit both kinds alike (one
+0.73 above the misses' somewhere (measured here at 1000 letters, tiny model, load average 6-8 on
+2 cores: D+ 0.90 to 1.0 against mlx_lm.server, vllm-mlx and kvlab serve; at 2000, 1.0 at load ~9). Random delays hit both kinds alike (one
 shuffled order), so a loaded machine lowers D+ but cannot raise it: "not detected" needs nothing
 from the machine, "shared" needs hits to stay well ahead of misses. On the tiny model with kvlab's
 CPU attention, at load average ~9 on 2 cores: at 2000 letters the slowest hit took 255 ms and the

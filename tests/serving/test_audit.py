@@ -9,10 +9,11 @@ load average ~9 on 2 cores the slowest hit took 255 ms and the fastest miss 340 
 they overlapped and two test suites at once hid the positive controls). A loaded machine delays hit
 and miss probes alike (one shuffled order), which can only lower D+; "not detected" needs nothing
 from the machine. What the tests assert besides the verdicts does not read the clock: the smallest
-detectable length lies within what the hits shared, and the metadata verdicts count tokens. Every server runs on loopback. Every server and the proxy run in their own
-processes, as the peers do, stopped by process id when their block ends (a server inside the
-pytest worker shares its GIL with the audit's client, and two suites at once on 2 cores then hid
-the positive controls); the tenant server is asked for /health with one of its keys.
+detectable length lies within what the hits shared, and the metadata verdicts count tokens. Every
+server runs on loopback, in its own process, as the peers do, stopped by process id when its block
+ends (a server inside the pytest worker shares its GIL with the audit's client, and two suites at
+once on 2 cores then hid the positive controls); the tenant server is asked for /health with one
+of its keys.
 
 Mutants caught: a kvlab serve that keys requests without their tenant's salt (cross-tenant:
 "shared" and a metadata leak); an audit whose hit probes share nothing with the victim's prompt
